@@ -1,0 +1,1 @@
+"""Discrete-event simulation of the modeled hardware (no torch here)."""

@@ -1,0 +1,113 @@
+"""The commands a PE's engines execute (the Dataflow ISA of Maia 200's Fig. 2).
+
+Every command may wait on up to two semaphores before it starts (value >= threshold, then
+the value drops by ``dec``) and signal up to two when it ends. ``desc_bytes`` is the
+command's hardware-logical descriptor size, which sets its issue cost on the control
+processor (``d_cmd = FIXED + desc_bytes * R``). Addresses are byte offsets inside a memory
+node (an HBM slice, an SRAM, or a PE's TCM).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Default descriptor sizes (bytes) of simple commands; composites carry their own.
+DMA_DESC_BYTES = 32
+COMPUTE_DESC_BYTES = 32
+SEND_DESC_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Precondition: start only when semaphore ``sem`` >= ``threshold``; then subtract ``dec``."""
+
+    sem: str
+    threshold: int = 1
+    dec: int | None = None
+
+    @property
+    def take(self) -> int:
+        return self.threshold if self.dec is None else self.dec
+
+
+@dataclass(frozen=True)
+class Signal:
+    """Postcondition: add ``inc`` to semaphore ``sem`` of this PE when the command ends."""
+
+    sem: str
+    inc: int = 1
+
+
+@dataclass(frozen=True)
+class Loc:
+    """A byte address inside one memory node."""
+
+    node: str
+    addr: int = 0
+
+
+@dataclass(frozen=True)
+class Command:
+    waits: tuple = field(default=(), kw_only=True)
+    signals: tuple = field(default=(), kw_only=True)
+    label: str = field(default="", kw_only=True)
+
+    engine = ""
+
+    @property
+    def desc_bytes(self) -> int:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.label or type(self).__name__.lower()
+
+
+@dataclass(frozen=True)
+class Dma(Command):
+    """Move ``nbytes`` from ``src`` to ``dst`` on the PE's DMA read or write engine.
+
+    ``src_stride``/``dst_stride`` are the distances in bytes between consecutive bursts at
+    that end (0: contiguous).
+    """
+
+    src: Loc
+    dst: Loc
+    nbytes: int
+    engine: str = "dma_rd"
+    src_stride: int = 0
+    dst_stride: int = 0
+    desc: int = DMA_DESC_BYTES
+
+    @property
+    def desc_bytes(self) -> int:
+        return self.desc
+
+
+@dataclass(frozen=True)
+class Compute(Command):
+    """Occupy the GEMM or MATH engine for ``flops`` at its ``dtype`` rate."""
+
+    flops: int
+    engine: str = "gemm"
+    dtype: str = "f16"
+    desc: int = COMPUTE_DESC_BYTES
+
+    @property
+    def desc_bytes(self) -> int:
+        return self.desc
+
+
+@dataclass(frozen=True)
+class Send(Command):
+    """IPCQ: send ``nbytes`` (at least one flit) to PE ``dst_pe``; on arrival its semaphore
+    ``sem`` goes up by ``inc``."""
+
+    dst_pe: int
+    sem: str
+    inc: int = 1
+    nbytes: int = 0
+    engine: str = "ipcq"
+    desc: int = SEND_DESC_BYTES
+
+    @property
+    def desc_bytes(self) -> int:
+        return self.desc

@@ -1,0 +1,79 @@
+"""DMA engines: move bytes between memories (HBM slice, SRAM, TCM) over the graph.
+
+A DMA whose data does not start in the engine's own TCM first sends a one-flit read
+request from the engine to the data's source; the source then streams the data (an HBM or
+SRAM source through its channels) along the routed path to the destination, where an HBM or
+SRAM destination commits it through its channels. A TCM is reached through its PE's DMA
+ports: data leaves a TCM through the PE's DMA write engine and enters one through the DMA
+read engine. The command completes when the last byte is committed at the destination (no
+acknowledgement traffic is modeled).
+"""
+from __future__ import annotations
+
+from ..network import arrive
+
+
+class DmaModel:
+    """Path construction and the request/stream/commit steps of DMA commands."""
+
+    def __init__(self, sim):
+        self.sim = sim
+        self.g = sim.machine.graph
+
+    def _pe_node(self, tcm: str, role: str) -> str:
+        return self.sim.machine.pes[self.g.nodes[tcm]["pe"]].node(role)
+
+    def data_path(self, src: str, dst: str) -> tuple:
+        """Full node path of the data from memory ``src`` to memory ``dst``."""
+        start = self._pe_node(src, "dma_wr") if self.g.nodes[src]["kind"] == "tcm" else src
+        end = self._pe_node(dst, "dma_rd") if self.g.nodes[dst]["kind"] == "tcm" else dst
+        prefix = (src,) if start != src else ()
+        suffix = (dst,) if end != dst else ()
+        return prefix + self.sim.machine.route(start, end) + suffix
+
+    def check(self, pe, cmd) -> None:
+        for loc in (cmd.src, cmd.dst):
+            if loc.node not in self.g or self.g.nodes[loc.node]["kind"] not in ("hbm", "sram", "tcm"):
+                raise ValueError(f"PE {pe.info.id} {cmd.describe()}: '{loc.node}' is not a memory node")
+        if cmd.nbytes <= 0:
+            raise ValueError(f"PE {pe.info.id} {cmd.describe()}: DMA of {cmd.nbytes} bytes")
+        if cmd.src.node == cmd.dst.node:
+            raise ValueError(f"PE {pe.info.id} {cmd.describe()}: source and destination are both '{cmd.src.node}'")
+
+    def start(self, pe, q, p, now: int, chain) -> None:
+        cmd, net = p.cmd, self.sim.network
+        self.check(pe, cmd)
+        path = self.data_path(cmd.src.node, cmd.dst.node)
+        n = net.flits(cmd.nbytes)
+        dst_mem = self.sim.memory(cmd.dst.node)
+
+        def deliver(tr):
+            if dst_mem is None:
+                return arrive(tr)
+            return dst_mem.write(tr, cmd.dst.addr, cmd.dst_stride or dst_mem.burst_bytes)
+
+        def done(t, c):
+            pe.complete(q, p, t, c)
+
+        own_tcm = cmd.src.node == pe.info.node("tcm")
+        data = net.message(path, n, deliver, done, q.release if own_tcm else None, what=cmd.describe())
+        if own_tcm:
+            net.send(data, now, chain)
+            return
+        port = path[1] if self.g.nodes[cmd.src.node]["kind"] == "tcm" else path[0]
+        req_path = self.sim.machine.route(q.node, port)
+        req = net.message(req_path, 1, arrive, lambda t, c: self.stream(data, cmd, t, c), q.release, what=f"read request {cmd.describe()}")
+        net.send(req, now, chain)
+
+    def stream(self, msg, cmd, t: int, chain) -> None:
+        """The read request reached the source at ``t``: stream the data out of it."""
+        net = self.sim.network
+        src_mem = self.sim.memory(cmd.src.node)
+        if src_mem is None:
+            net.send(msg, t, chain)
+            return
+        net.engine.record(msg.corr, cmd.src.node, "read", t, t, f"{msg.n_flits} bursts")
+        stride = cmd.src_stride or src_mem.burst_bytes
+        for first, n in net.chunks(msg.n_flits):
+            head, tail, c = src_mem.read(t, chain, cmd.src.addr, stride, first, n)
+            net.inject(msg, first, n, head, tail, c)

@@ -1,0 +1,175 @@
+"""A PE: control processor, scheduler, in-order engine queues and semaphores.
+
+The control processor (CP) runs ahead of the data path: after its switching overhead at
+launch it issues the PE's commands back to back, each costing ``d_cmd`` (issue cost model);
+the scheduler hands each command to its engine's queue after its own overhead. Each engine
+(DMA read, DMA write, GEMM, MATH, IPCQ) is a serial worker executing its queue in order: the
+head command starts once its engine is free and its wait-semaphores are satisfied. DMA and
+IPCQ engines are free again when their last flit has left the engine's first link; GEMM and
+MATH engines when their service ends. A command's signals are applied when it completes.
+"""
+from __future__ import annotations
+
+from collections import deque
+from math import ceil
+
+from ..commands import Compute, Dma, Send
+from ..network import arrive
+
+
+class Pending:
+    """A command in an engine queue, with its correlation ID and enqueue time/chain."""
+
+    __slots__ = ("cmd", "corr", "index", "t", "chain")
+
+    def __init__(self, cmd, corr, index, t, chain):
+        self.cmd, self.corr, self.index, self.t, self.chain = cmd, corr, index, t, chain
+
+
+class EngineQueue:
+    """One engine of one PE: an in-order queue and a serial worker."""
+
+    def __init__(self, pe: "PEModel", role: str):
+        self.pe, self.role, self.node = pe, role, pe.info.node(role)
+        self.queue: deque = deque()
+        self.busy = False
+        self.free_t, self.free_chain = 0, None
+        self.busy_ps = 0
+        self.done = 0
+
+    def arrive(self, p: Pending) -> None:
+        self.queue.append(p)
+        self.try_start()
+
+    def try_start(self) -> None:
+        if self.busy or not self.queue:
+            return
+        p = self.queue[0]
+        sems = self.pe.sems
+        for w in p.cmd.waits:
+            if sems.get(w.sem, 0) < w.threshold:
+                self.pe.wait_on(w.sem, self)
+                return
+        self.queue.popleft()
+        best_t, chain = p.t, p.chain
+        if self.free_t > best_t:
+            best_t, chain = self.free_t, self.free_chain
+        for w in p.cmd.waits:
+            sems[w.sem] -= w.take
+            st, sc = self.pe.sem_chain.get(w.sem, (0, None))
+            if st > best_t:
+                best_t, chain = st, sc
+        now = self.pe.sim.engine.now
+        if now > best_t:
+            chain = (self.node, "queue", now - best_t, chain)
+        self.busy = True
+        self.pe.sim.engine.record(p.corr, self.node, "start", now, now, p.cmd.describe())
+        self.pe.execute(self, p, now, chain)
+
+    def release(self, t: int, chain) -> None:
+        """The engine is free again at ``t`` (called at time ``t``)."""
+        self.busy, self.free_t, self.free_chain = False, t, chain
+        self.try_start()
+
+
+class PEModel:
+    """Run-time state of one PE: semaphores and engine queues."""
+
+    def __init__(self, sim, info):
+        self.sim, self.info = sim, info
+        self.sems: dict[str, int] = {}
+        self.sem_chain: dict[str, tuple] = {}
+        self.waiters: dict[str, list] = {}
+        self.engines: dict[str, EngineQueue] = {}
+
+    def queue(self, role: str) -> EngineQueue:
+        q = self.engines.get(role)
+        if q is None:
+            if role not in ("dma_rd", "dma_wr", "gemm", "math", "ipcq"):
+                raise ValueError(f"PE {self.info.id}: no engine '{role}'")
+            q = self.engines[role] = EngineQueue(self, role)
+        return q
+
+    def launch(self, cmds: list, t0: int, chain) -> None:
+        """Issue ``cmds`` from the CP starting at ``t0``: one enqueue event per command."""
+        g, issue, eng = self.sim.machine.graph, self.sim.machine.issue, self.sim.engine
+        cp, sched = self.info.node("cp"), self.info.node("sched")
+        cp_ps, sched_ps = g.nodes[cp]["overhead_ps"], g.nodes[sched]["overhead_ps"]
+        t = t0 + cp_ps
+        chain = (cp, "fixed", cp_ps, chain) if cp_ps else chain
+        for i, cmd in enumerate(cmds):
+            q = self.queue(cmd.engine)
+            d = issue.cmd_ps(cmd.desc_bytes)
+            t += d
+            chain = (cp, "issue", d, chain)
+            corr = eng.new_corr()
+            enq_chain = (sched, "fixed", sched_ps, chain) if sched_ps else chain
+            eng.record(corr, cp, "issue", t - d, t, f"#{i} {cmd.describe()}")
+            eng.at(t + sched_ps, q.arrive, Pending(cmd, corr, i, t + sched_ps, enq_chain))
+
+    def wait_on(self, sem: str, q: EngineQueue) -> None:
+        lst = self.waiters.setdefault(sem, [])
+        if q not in lst:
+            lst.append(q)
+
+    def signal(self, sem: str, inc: int, t: int, chain) -> None:
+        self.sems[sem] = self.sems.get(sem, 0) + inc
+        self.sem_chain[sem] = (t, chain)
+        for q in self.waiters.pop(sem, []):
+            q.try_start()
+
+    def execute(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
+        cmd = p.cmd
+        if isinstance(cmd, Dma):
+            self.sim.dma.start(self, q, p, now, chain)
+        elif isinstance(cmd, Compute):
+            self._compute(q, p, now, chain)
+        elif isinstance(cmd, Send):
+            self._send(q, p, now, chain)
+        else:
+            raise TypeError(f"PE {self.info.id}: unknown command {cmd!r}")
+
+    def _compute(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
+        cmd = p.cmd
+        rates = self.sim.machine.graph.nodes[q.node]["params"].get("tflops", {})
+        if cmd.dtype not in rates:
+            raise ValueError(f"PE {self.info.id} {q.role}: no rate for dtype '{cmd.dtype}' (have {sorted(rates)})")
+        service = max(1, ceil(cmd.flops / rates[cmd.dtype]))  # flops / (TFLOP/s) = ps
+        end, chain = now + service, (q.node, "service", service, chain)
+        q.busy_ps += service
+        self.sim.engine.record(p.corr, q.node, "compute", now, end, cmd.describe())
+        self.sim.engine.at(end, self._compute_done, q, p, end, chain)
+
+    def _compute_done(self, q, p, t, chain) -> None:
+        q.release(t, chain)
+        self.complete(q, p, t, chain)
+
+    def _send(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
+        cmd = p.cmd
+        dst_pe = self.sim.pe(cmd.dst_pe)
+        net = self.sim.network
+        path = self.sim.machine.route(q.node, dst_pe.info.node("ipcq"))
+
+        def done(t, c):
+            dst_pe.signal(cmd.sem, cmd.inc, t, c)
+            self.complete(q, p, t, c)
+
+        msg = net.message(path, net.flits(cmd.nbytes), arrive, done, q.release, what=f"ipcq to PE {cmd.dst_pe}")
+        net.send(msg, now, chain)
+
+    def complete(self, q: EngineQueue, p: Pending, t: int, chain) -> None:
+        q.done += 1
+        self.sim.engine.record(p.corr, q.node, "complete", t, t, p.cmd.describe())
+        for s in p.cmd.signals:
+            self.signal(s.sem, s.inc, t, chain)
+        self.sim.command_done(t, chain)
+
+    def stuck(self) -> list[str]:
+        """Descriptions of the commands that can never start."""
+        out = []
+        for role, q in self.engines.items():
+            for p in q.queue:
+                need = ", ".join(f"'{w.sem}' >= {w.threshold} (is {self.sems.get(w.sem, 0)})" for w in p.cmd.waits)
+                why = f"waits on {need}" if need and p is q.queue[0] and not q.busy else "queued behind it"
+                out.append(f"PE {self.info.id} {role} command #{p.index} '{p.cmd.describe()}' (corr {p.corr}): {why}")
+        return out

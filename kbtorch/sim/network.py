@@ -1,0 +1,171 @@
+"""Links and flit trains: the per-edge FIFO model of the spec's latency section.
+
+A message of N flits (``flit_bytes`` each; a partial last flit still occupies a whole flit
+slot) travels a path of directed links. It moves as *trains* of up to ``chunk_flits`` flits;
+``chunk_flits = 1`` is the flit-exact reference (one event per flit per hop), larger chunks
+are the fast mode. A train is known by the time its first flit (``head``) and last flit
+(``tail``) reach the input of a link; the flits between are spaced evenly.
+
+Per link (a FIFO with one serial worker), for a train of n flits arriving when the link is
+free from ``free_at`` on, with ``ser = flit_bytes / bw``::
+
+    head_out = max(head, free_at) + ser
+    tail_out = max(free_at + n*ser, head + n*ser, tail + ser)
+
+which is exact for evenly spaced flits (the finish time of the last flit of a FIFO is
+attained at an end of the arrival sequence). Both then add the link's propagation and the
+switching overhead of the node entered; a node's overhead is a pipelined latency per flit,
+not an occupancy, so the uncontended last-flit time of a message is, in both modes::
+
+    sum(node overheads) + sum(prop_j + ser_j) + (N - 1) * max_j ser_j
+
+Contention is resolved at train granularity: a train that reaches a busy link waits for the
+trains ahead of it (FIFO by head arrival, ties by event order). With trains of C flits a
+message can finish up to about C flit-times away from the flit-exact interleaving; the
+benchmark ``benchmarks/bench_network.py`` measures the error.
+"""
+from __future__ import annotations
+
+from heapq import heappush
+
+from simpy.events import Event
+
+from .engine import EDGE, NODE
+
+
+class Link:
+    """Run-time state of one directed edge."""
+
+    __slots__ = ("key", "kind", "flit_ps", "prop_ps", "free_at", "last_corr", "busy_ps", "flits")
+
+    def __init__(self, key, kind: str, flit_ps: int, prop_ps: int):
+        self.key, self.kind, self.flit_ps, self.prop_ps = key, kind, flit_ps, prop_ps
+        self.free_at, self.last_corr, self.busy_ps, self.flits = 0, 0, 0, 0
+
+
+class Train(Event):
+    """Up to ``chunk_flits`` consecutive flits of one message, moving hop by hop.
+
+    NOTE: a train is its own simpy event, re-scheduled at each hop, so moving a train
+    allocates nothing per hop but its attribution record.
+    """
+
+    def __init__(self, env, callbacks, msg, first: int, n: int, head: int, tail: int, chain):
+        self.env, self.callbacks, self._ok, self._value = env, callbacks, True, None
+        self.msg, self.hop, self.first, self.n = msg, 0, first, n
+        self.head, self.tail, self.chain = head, tail, chain
+
+
+class Message:
+    """One routed request: its path, flit count, and what happens on arrival and completion.
+
+    ``deliver(train)`` is called when a train reaches the last node and returns the time and
+    chain at which that train is committed there; ``on_done(t, chain)`` runs at the time the
+    last train is committed. ``on_sent(t, chain)``, if given, runs when the last flit has left
+    the first link (the sender is free again).
+    """
+
+    __slots__ = ("corr", "path", "links", "delays", "n_flits", "pending", "done_t", "done_chain",
+                 "deliver", "on_done", "on_sent", "what")
+
+    def __init__(self, corr, path, links, delays, n_flits, deliver, on_done, on_sent, what):
+        self.corr, self.path, self.links, self.delays = corr, path, links, delays
+        self.n_flits, self.deliver, self.on_done, self.on_sent, self.what = n_flits, deliver, on_done, on_sent, what
+        self.pending, self.done_t, self.done_chain = 0, -1, None
+
+
+class Network:
+    """All links of one run, and the train mechanics that move messages across them."""
+
+    def __init__(self, engine, machine, chunk_flits: int):
+        if chunk_flits < 1:
+            raise ValueError(f"chunk_flits must be at least 1, got {chunk_flits}")
+        self.engine, self.machine, self.chunk_flits = engine, machine, chunk_flits
+        self.flit_bytes = machine.flit_bytes
+        self._links: dict = {}
+        self._paths: dict = {}
+        self._hop_cb = [self._hop]
+
+    def link(self, u: str, v: str) -> Link:
+        key = (u, v)
+        link = self._links.get(key)
+        if link is None:
+            e = self.machine.graph.edges[u, v]
+            link = self._links[key] = Link(key, e["kind"], e["flit_ps"], e["prop_ps"])
+        return link
+
+    def links(self) -> list[Link]:
+        return list(self._links.values())
+
+    def flits(self, nbytes: int) -> int:
+        return max(1, -(-nbytes // self.flit_bytes))
+
+    def message(self, path: tuple, n_flits: int, deliver, on_done, on_sent=None, what="msg") -> Message:
+        """A new message on ``path`` (a tuple of node names), stamped with a correlation ID."""
+        hops = self._paths.get(path)
+        if hops is None:
+            g = self.machine.graph
+            links = [self.link(u, v) for u, v in zip(path, path[1:])]
+            delays = [g.nodes[v]["overhead_ps"] for v in path[1:]]
+            hops = self._paths[path] = (links, delays)
+        return Message(self.engine.new_corr(), path, hops[0], hops[1], n_flits, deliver, on_done, on_sent, what)
+
+    def chunks(self, n_flits: int):
+        """(first flit, flit count) of each train of a message of ``n_flits``."""
+        c = self.chunk_flits
+        return [(f, min(c, n_flits - f)) for f in range(0, n_flits, c)]
+
+    def inject(self, msg: Message, first: int, n: int, head: int, tail: int, chain) -> None:
+        """Put a train of ``msg`` at the input of its first link (head at ``head``)."""
+        msg.pending += 1
+        self.engine.schedule(head, Train(self.engine.env, self._hop_cb, msg, first, n, head, tail, chain), EDGE)
+
+    def send(self, msg: Message, t: int, chain) -> None:
+        """Inject all of ``msg`` at time ``t``: every flit is ready at the source."""
+        self.engine.record(msg.corr, msg.path[0], "inject", t, t, f"{msg.what} {msg.n_flits} flits to {msg.path[-1]}")
+        for first, n in self.chunks(msg.n_flits):
+            self.inject(msg, first, n, t, t, chain)
+
+    def _hop(self, tr: Train) -> None:
+        """The head of ``tr`` reaches the input of its next link: serialise it there."""
+        msg, j = tr.msg, tr.hop
+        link = msg.links[j]
+        n, ser, free = tr.n, link.flit_ps, link.free_at
+        head, tail, chain = tr.head, tr.tail, tr.chain
+        a, b, c = free + n * ser, head + n * ser, tail + ser
+        tail_out = a if a > b and a > c else (b if b > c else c)
+        if tail_out != c:
+            cause = "queue" if tail_out == a and a > b and link.last_corr != msg.corr else "link"
+            chain = (link.key, cause, tail_out - c, chain)
+        link.free_at, link.last_corr = tail_out, msg.corr
+        link.busy_ps += n * ser
+        link.flits += n
+        eng = self.engine
+        if eng.trace is not None:
+            eng.record(msg.corr, link.key, "hop", head, tail_out, f"flits {tr.first}+{n}")
+        last_train = tr.first + n == msg.n_flits
+        if j == 0 and last_train and msg.on_sent is not None:
+            eng.at(tail_out, msg.on_sent, tail_out, (link.key, "link", ser, chain))
+        delay = link.prop_ps + msg.delays[j]
+        chain = (link.key, "link", ser + link.prop_ps, chain)
+        if msg.delays[j]:
+            chain = (msg.path[j + 1], "fixed", msg.delays[j], chain)
+        tr.head = (head if head > free else free) + ser + delay
+        tr.tail, tr.chain = tail_out + delay, chain
+        if j + 1 < len(msg.links):
+            tr.hop = j + 1
+            tr.callbacks = self._hop_cb
+            heappush(eng._queue, (tr.head, EDGE, next(eng._eid), tr))
+            return
+        t, chain = msg.deliver(tr)
+        if t > msg.done_t:
+            msg.done_t, msg.done_chain = t, chain
+        msg.pending -= 1
+        if msg.pending == 0 and last_train:
+            eng.record(msg.corr, msg.path[-1], "done", msg.done_t, msg.done_t, msg.what)
+            eng.at(msg.done_t, msg.on_done, msg.done_t, msg.done_chain)
+
+
+def arrive(tr: Train):
+    """Default delivery: the train is committed when its last flit arrives."""
+    return tr.tail, tr.chain

@@ -1,0 +1,158 @@
+"""One simulation run: the engine, the network, memories and PEs of a compiled machine.
+
+``mode="flit"`` moves every flit as its own event (the reference); ``mode="fast"`` (default)
+moves trains of ``chunk_flits`` flits (default 128). A run's latency is the time of its last
+completion, and its attribution is the chain of that completion (see ``blame``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from . import blame
+from .components.dma import DmaModel
+from .components.memory import Memory
+from .components.pe import PEModel
+from .engine import Engine
+from .network import Network, arrive
+
+CHUNK_FLITS = {"fast": 128, "flit": 1}
+
+
+class SimulationStuck(RuntimeError):
+    """The run ended with commands that can never start; ``commands`` describes them."""
+
+    def __init__(self, commands: list[str], t_ps: int):
+        self.commands = commands
+        lines = "\n  ".join(commands[:20]) + (f"\n  ... and {len(commands) - 20} more" if len(commands) > 20 else "")
+        super().__init__(f"simulation stuck at {t_ps / 1000:.3f} ns: {len(commands)} command(s) can never run:\n  {lines}")
+
+
+@dataclass
+class RunResult:
+    """What a run returns: latency (ps), its attribution, counters, stats and the trace."""
+
+    latency_ps: int
+    chain: tuple | None
+    events: int
+    wall_s: float
+    stats: dict
+    graph: object = field(repr=False)
+    trace: list[str] | None = field(default=None, repr=False)
+    finishes: list[int] | None = field(default=None, repr=False)
+
+    @property
+    def latency_ns(self) -> float:
+        return self.latency_ps / 1000
+
+    def kind_of(self, element, cause: str) -> str:
+        if cause == "issue":
+            return "issue"
+        if isinstance(element, tuple):
+            return self.graph.edges[element]["kind"]
+        return self.graph.nodes[element]["kind"]
+
+    def breakdown(self) -> dict[str, int]:
+        """Picoseconds of the latency per component kind; they add up to ``latency_ps``."""
+        out: dict[str, int] = {}
+        for element, cause, ps in blame.segments(self.chain):
+            k = self.kind_of(element, cause)
+            out[k] = out.get(k, 0) + ps
+        return out
+
+    def critical_path(self) -> list[tuple[str, str, int]]:
+        """``(element, cause, ps)`` along the critical path, elements as text."""
+        return [(e if isinstance(e, str) else "->".join(e), c, ps) for e, c, ps in blame.segments(self.chain)]
+
+
+class Simulator:
+    """A single run on ``machine``; create a new one for each run."""
+
+    def __init__(self, machine, mode: str = "fast", chunk_flits: int | None = None, trace: bool = False):
+        if mode not in CHUNK_FLITS:
+            raise ValueError(f"unknown mode '{mode}' (expected one of {sorted(CHUNK_FLITS)})")
+        self.machine, self.mode = machine, mode
+        self.engine = Engine(trace=trace)
+        self.network = Network(self.engine, machine, chunk_flits or CHUNK_FLITS[mode])
+        self.dma = DmaModel(self)
+        self._pes: dict[int, PEModel] = {}
+        self._mems: dict[str, Memory | None] = {}
+        self.last_t, self.last_chain = 0, None
+        self._used = False
+
+    def pe(self, i: int) -> PEModel:
+        if not 0 <= i < len(self.machine.pes):
+            raise ValueError(f"PE {i} is outside topology '{self.machine.name}' (PEs 0..{len(self.machine.pes) - 1})")
+        model = self._pes.get(i)
+        if model is None:
+            model = self._pes[i] = PEModel(self, self.machine.pes[i])
+        return model
+
+    def memory(self, node: str) -> Memory | None:
+        """The channel model of an HBM/SRAM node; None for a TCM (written at link rate)."""
+        if node not in self._mems:
+            d = self.machine.graph.nodes[node]
+            self._mems[node] = Memory(node, d["params"], self.machine.flit_bytes) if d["kind"] in ("hbm", "sram") else None
+        return self._mems[node]
+
+    def command_done(self, t: int, chain) -> None:
+        if t >= self.last_t:
+            self.last_t, self.last_chain = t, chain
+
+    def _start(self) -> float:
+        if self._used:
+            raise RuntimeError("a Simulator runs once; create a new one")
+        self._used = True
+        return time.perf_counter()
+
+    def run(self, programs: dict) -> RunResult:
+        """Launch ``{pe: [commands]}`` at t=0 and run to completion."""
+        t0 = self._start()
+        for pe in sorted(programs):
+            self.pe(pe).launch(list(programs[pe]), 0, None)
+        self.engine.run()
+        stuck = [line for i in sorted(self._pes) for line in self._pes[i].stuck()]
+        if stuck:
+            raise SimulationStuck(stuck, self.engine.now)
+        return self._result(t0)
+
+    def run_messages(self, messages: list) -> RunResult:
+        """Inject ``[(src_node, dst_node, nbytes)]`` at t=0 as raw network messages; the
+        result's ``finishes`` holds each message's last-flit arrival (ps)."""
+        t0 = self._start()
+        finishes = [0] * len(messages)
+        net = self.network
+        for i, (src, dst, nbytes) in enumerate(messages):
+            def done(t, chain, i=i):
+                finishes[i] = t
+                self.command_done(t, chain)
+            msg = net.message(self.machine.route(src, dst), net.flits(nbytes), arrive, done, what=f"message {i}")
+            net.send(msg, 0, None)
+        self.engine.run()
+        result = self._result(t0)
+        result.finishes = finishes
+        return result
+
+    def _result(self, t0: float) -> RunResult:
+        wall = time.perf_counter() - t0
+        if blame.total(self.last_chain) != self.last_t:
+            raise AssertionError(f"attribution {blame.total(self.last_chain)} ps != latency {self.last_t} ps")
+        trace = self.engine.trace_lines() if self.engine.trace is not None else None
+        return RunResult(self.last_t, self.last_chain, self.engine.events, wall, self._stats(), self.machine.graph, trace)
+
+    def _stats(self) -> dict:
+        links = {}
+        for link in self.network.links():
+            s = links.setdefault(link.kind, {"links": 0, "flits": 0, "busy_ps": 0, "max_busy_ps": 0})
+            s["links"] += 1
+            s["flits"] += link.flits
+            s["busy_ps"] += link.busy_ps
+            s["max_busy_ps"] = max(s["max_busy_ps"], link.busy_ps)
+        mems = {n: {"bursts": m.bursts, "busy_ps": m.busy_ps} for n, m in self._mems.items() if m is not None}
+        engines = {}
+        for i in sorted(self._pes):
+            for role, q in self._pes[i].engines.items():
+                e = engines.setdefault(role, {"commands": 0, "busy_ps": 0})
+                e["commands"] += q.done
+                e["busy_ps"] += q.busy_ps
+        return {"links": links, "memories": mems, "engines": engines}

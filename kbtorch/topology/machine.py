@@ -1,0 +1,192 @@
+"""A compiled machine: the immutable ``networkx.DiGraph`` of a topology file plus indices.
+
+Time in the simulator is integer picoseconds. Each link carries ``bw_gbps`` and
+``prop_ns`` as written in the file, and the derived ``flit_ps`` (one flit's serialisation,
+``flit_bytes / bw``, rounded to the nearest ps: 333 ps for 256 B at 768 GB/s) and
+``prop_ps``. Each node carries ``overhead_ps`` (its switching cost).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import networkx as nx
+
+from .errors import TopologyError
+from .loader import load_raw
+from .routing import Router
+
+#: Engines every PE block must define (the tile-kernel API's model of a PE).
+PE_ROLES = ("cp", "sched", "dma_rd", "dma_wr", "gemm", "math", "tcm", "ipcq")
+TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topologies"
+
+
+@dataclass(frozen=True)
+class IssueCost:
+    """Command-issue cost ``d_cmd = FIXED + b_logical * R`` cycles at ``clock_ghz``."""
+
+    fixed_cycles: float
+    per_byte_cycles: float
+    composite_cap_bytes: int
+    clock_ghz: float
+
+    def cmd_ps(self, logical_bytes: int) -> int:
+        cycles = self.fixed_cycles + logical_bytes * self.per_byte_cycles
+        return round(cycles * 1000 / self.clock_ghz)
+
+
+@dataclass(frozen=True)
+class PE:
+    """One processing element: its id, its engines by role, its coordinates and memories."""
+
+    id: int
+    prefix: str
+    roles: dict
+    coords: dict
+    hbm: str | None
+    sram: str | None
+
+    def node(self, role: str) -> str:
+        return self.roles[role]
+
+
+def _ps(ns: float) -> int:
+    return round(ns * 1000)
+
+
+class Machine:
+    """A topology compiled once into a frozen DiGraph; never mutated during a run."""
+
+    def __init__(self, path: str):
+        raw = load_raw(path)
+        self.path, self.name = raw.path, raw.machine["name"]
+        self.flit_bytes = raw.machine["flit_bytes"]
+        self.issue = IssueCost(raw.issue["fixed_cycles"], raw.issue["per_byte_cycles"],
+                               int(raw.issue["composite_cap_bytes"]), float(raw.machine["clock_ghz"]))
+        g = nx.DiGraph(name=self.name)
+        for name, attrs in raw.nodes.items():
+            g.add_node(name, overhead_ps=_ps(attrs["overhead_ns"]), **attrs)
+        for (u, v), attrs in raw.edges.items():
+            g.add_edge(u, v, flit_ps=max(1, round(self.flit_bytes * 1000 / attrs["bw_gbps"])),
+                       prop_ps=_ps(attrs["prop_ns"]), **attrs)
+        self.graph = nx.freeze(g)
+        self.pes = [PE(i, p["prefix"], p["roles"], p["coords"], p.get("hbm"), p.get("sram"))
+                    for i, p in enumerate(raw.pes)]
+        for pe in self.pes:
+            missing = [r for r in PE_ROLES if r not in pe.roles]
+            if missing:
+                raise TopologyError(self.path, f"blocks.{raw.machine['pe_block']}", f"PE {pe.id} lacks engines {missing}")
+        route_order = raw.machine["route_order"]
+        reset = raw.machine.get("route_reset", [])
+        dims = {d["dim"] for _, _, d in g.edges(data=True) if d["dim"] is not None}
+        unknown = sorted((set(route_order) | set(reset)) - dims)
+        if unknown:
+            raise TopologyError(self.path, "machine.route_order", f"dimensions {unknown} label no link (have {sorted(dims)})")
+        self.router = Router(self.graph, route_order, reset, self.path)
+        self._check_routable()
+
+    def _check_routable(self) -> None:
+        """Every PE reaches every other PE and its own memories; fail at load time if not."""
+        try:
+            for pe in self.pes:
+                if pe.hbm:
+                    self.route(pe.hbm, pe.node("dma_rd"))
+                    self.route(pe.node("dma_wr"), pe.hbm)
+            ports = [(pe.node("dma_wr"), pe.node("dma_rd")) for pe in self.pes]
+            entries = {self._entry(rd) for _, rd in ports}
+            for wr, _ in ports:
+                for first in self.graph.successors(wr):
+                    pred, dist = self.router._tree(first)
+                    reach = {s[0] for s in dist}
+                    lost = [e for e in entries if e not in reach]
+                    if lost:
+                        pe = self.graph.nodes[wr]["pe"]
+                        raise TopologyError(self.path, "route", f"PE {pe} ('{wr}') cannot reach '{lost[0]}'")
+        except TopologyError as exc:
+            raise TopologyError(self.path, exc.entry, str(exc).split(": ", 2)[-1]) from None
+
+    def _entry(self, node: str) -> str:
+        preds = [r for r in self.graph.predecessors(node) if self.graph.nodes[r]["transit"]]
+        if not preds:
+            raise TopologyError(self.path, "route", f"'{node}' (PE {self.graph.nodes[node].get('pe')}) is disconnected")
+        return preds[0]
+
+    def route(self, src: str, dst: str) -> tuple[str, ...]:
+        return self.router.route(src, dst)
+
+    def node(self, name: str) -> dict:
+        return self.graph.nodes[name]
+
+    def summary(self) -> dict:
+        """Counts and peaks for ``kbtorch topo``."""
+        g = self.graph
+        nodes, edges, links = {}, {}, {}
+        for _, d in g.nodes(data=True):
+            nodes[d["kind"]] = nodes.get(d["kind"], 0) + 1
+        for _, _, d in g.edges(data=True):
+            edges[d["kind"]] = edges.get(d["kind"], 0) + 1
+            links[d["kind"]] = {"bw_gbps": d["bw_gbps"], "prop_ns": d["prop_ns"]}
+        tflops = sum(g.nodes[pe.node("gemm")]["params"].get("tflops", {}).get("f16", 0.0) for pe in self.pes)
+        hbm = [d for _, d in g.nodes(data=True) if d["kind"] == "hbm"]
+        sram = [d for _, d in g.nodes(data=True) if d["kind"] == "sram"]
+        hbm_gbps = _memory_gbps(g, "hbm")
+        return {
+            "name": self.name, "path": self.path, "pes": len(self.pes),
+            "nodes": len(g), "edges": g.number_of_edges(),
+            "nodes_by_kind": dict(sorted(nodes.items())), "edges_by_kind": dict(sorted(edges.items())),
+            "peak_tflops_f16": tflops, "hbm_gbps_total": hbm_gbps,
+            "hbm_channels": sum(d["params"].get("channels", 0) for d in hbm),
+            "hbm_gib_total": sum(d["params"].get("capacity_gib", 0) for d in hbm),
+            "sram_mib_total": sum(d["params"].get("capacity_mib", 0) for d in sram),
+            "links": dict(sorted(links.items())),
+        }
+
+
+def _memory_gbps(g, kind: str) -> float:
+    """Deliverable bandwidth of all memories of a kind: per memory the smaller of its channels
+    and its link, then per shared transit link (a controller port) capped at that link."""
+    total = 0.0
+    by_port: dict = {}
+    for n, d in g.nodes(data=True):
+        if d["kind"] != kind:
+            continue
+        p = d["params"]
+        out = list(g.successors(n))
+        link = sum(g.edges[n, v]["bw_gbps"] for v in out)
+        own = min(p.get("channels", 1) * p.get("channel_gbps", link), link)
+        port = out[0] if len(out) == 1 else n
+        by_port.setdefault(port, []).append(own)
+    for port, owns in by_port.items():
+        cap = sum(g.edges[port, v]["bw_gbps"] for v in g.successors(port) if g.nodes[v]["transit"]) if g.nodes[port]["transit"] else None
+        total += min(sum(owns), cap) if cap else sum(owns)
+    return total
+
+
+def topology_path(name_or_path: str) -> str:
+    """A name (``ahbm``) found in KBTORCH_TOPOLOGIES or the shipped topologies/, or a path."""
+    if name_or_path.endswith(".toml") or os.sep in name_or_path:
+        return name_or_path
+    dirs = [d for d in os.environ.get("KBTORCH_TOPOLOGIES", "").split(os.pathsep) if d] + [str(TOPOLOGY_DIR)]
+    for d in dirs:
+        candidate = Path(d) / f"{name_or_path}.toml"
+        if candidate.exists():
+            return str(candidate)
+    known = sorted(p.stem for d in dirs if Path(d).is_dir() for p in Path(d).glob("*.toml"))
+    raise TopologyError(name_or_path, "name", f"unknown topology (known: {', '.join(known)})")
+
+
+@functools.lru_cache(maxsize=16)
+def _load_cached(path: str, mtime: float) -> Machine:
+    return Machine(path)
+
+
+def load_machine(name_or_path: str = "ahbm") -> Machine:
+    """Load (once per file version) and return the compiled machine."""
+    path = topology_path(name_or_path)
+    try:
+        mtime = os.path.getmtime(path)
+    except OSError:
+        raise TopologyError(path, "file", "no such topology file") from None
+    return _load_cached(os.path.abspath(path), mtime)
