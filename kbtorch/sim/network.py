@@ -113,7 +113,22 @@ class Network:
     def chunks(self, n_flits: int):
         """(first flit, flit count) of each train of a message of ``n_flits``."""
         c = self.chunk_flits
-        return [(f, min(c, n_flits - f)) for f in range(0, n_flits, c)]
+        sizes = []
+        rest = n_flits
+        while rest > c:
+            sizes.append(c)
+            rest -= c
+        while rest > 1:
+            half = rest // 2
+            sizes.append(rest - half)
+            rest = half
+        if rest:
+            sizes.append(rest)
+        out, f = [], 0
+        for n in sizes:
+            out.append((f, n))
+            f += n
+        return out
 
     def inject(self, msg: Message, first: int, n: int, head: int, tail: int, chain) -> None:
         """Put a train of ``msg`` at the input of its first link (head at ``head``)."""
