@@ -28,10 +28,17 @@ def total(chain) -> int:
 
 
 def segments(chain) -> list[tuple]:
-    """``(element, cause, ps)`` from the start of time to the chain's end."""
+    """``(element, cause, ps)`` from the start of time to the chain's end.
+
+    A record whose cause is ``hop`` holds a static hop (``network.Hop``) and stands for
+    its segments: the link's serialisation and propagation, then the node's overhead.
+    """
     out = []
     while chain is not None:
-        out.append(chain[:3])
+        if chain[1] == "hop":
+            out.extend(reversed(chain[0].segs))
+        else:
+            out.append(chain[:3])
         chain = chain[3]
     out.reverse()
     return out

@@ -3,7 +3,7 @@
 Every scheduled action is one simpy event whose single callback runs a model function.
 Ties are deterministic: events at the same time fire by (priority, insertion order), with
 ``NODE`` events (switching overheads, service completions, command hand-offs) before
-``EDGE`` events (flit-train serialisation). The model never iterates hash-ordered sets, so a
+``EDGE`` events (flit trains reaching a link). The model never iterates hash-ordered sets, so a
 run yields the same trace under any PYTHONHASHSEED.
 
 Correlation IDs are stamped on every request at injection (``new_corr``) and every trace

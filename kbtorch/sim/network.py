@@ -27,24 +27,41 @@ benchmark ``benchmarks/bench_network.py`` measures the error.
 from __future__ import annotations
 
 from heapq import heappush
+from math import ceil
 
 from simpy.events import Event
 
-from .engine import EDGE, NODE
+from .calendar import avail, forget, occupy
+from .engine import EDGE
+
+TRAINS = 32
+MIN_TRAIN = 8
 
 
 class Link:
-    """Run-time state of one directed edge."""
+    """Run-time state of one directed edge: its committed use (see ``calendar``)."""
 
-    __slots__ = ("key", "kind", "flit_ps", "prop_ps", "free_at", "last_corr", "busy_ps", "flits")
+    __slots__ = ("key", "kind", "flit_ps", "prop_ps", "ts", "us", "last_corr", "flits")
 
     def __init__(self, key, kind: str, flit_ps: int, prop_ps: int):
         self.key, self.kind, self.flit_ps, self.prop_ps = key, kind, flit_ps, prop_ps
-        self.free_at, self.last_corr, self.busy_ps, self.flits = 0, 0, 0, 0
+        self.ts, self.us, self.last_corr, self.flits = [], [], 0, 0
+
+
+class Hop:
+    """The static cost of one hop of a path: the link (serialisation of one flit and
+    propagation) and the switching overhead of the node it enters."""
+
+    __slots__ = ("link", "delay", "total", "segs")
+
+    def __init__(self, link: Link, node: str, node_ps: int):
+        self.link, self.delay = link, link.prop_ps + node_ps
+        self.total = link.flit_ps + self.delay
+        self.segs = ((link.key, "link", link.flit_ps + link.prop_ps),) + (((node, "fixed", node_ps),) if node_ps else ())
 
 
 class Train(Event):
-    """Up to ``chunk_flits`` consecutive flits of one message, moving hop by hop.
+    """Consecutive flits of one message, moving hop by hop.
 
     NOTE: a train is its own simpy event, re-scheduled at each hop, so moving a train
     allocates nothing per hop but its attribution record.
@@ -65,12 +82,12 @@ class Message:
     the first link (the sender is free again).
     """
 
-    __slots__ = ("corr", "path", "links", "delays", "n_flits", "pending", "done_t", "done_chain",
+    __slots__ = ("corr", "path", "hops", "n_flits", "pending", "done_t", "done_chain",
                  "deliver", "on_done", "on_sent", "what")
 
-    def __init__(self, corr, path, links, delays, n_flits, deliver, on_done, on_sent, what):
-        self.corr, self.path, self.links, self.delays = corr, path, links, delays
-        self.n_flits, self.deliver, self.on_done, self.on_sent, self.what = n_flits, deliver, on_done, on_sent, what
+    def __init__(self, corr, path, hops, n_flits, deliver, on_done, on_sent, what):
+        self.corr, self.path, self.hops, self.n_flits = corr, path, hops, n_flits
+        self.deliver, self.on_done, self.on_sent, self.what = deliver, on_done, on_sent, what
         self.pending, self.done_t, self.done_chain = 0, -1, None
 
 
@@ -105,14 +122,18 @@ class Network:
         hops = self._paths.get(path)
         if hops is None:
             g = self.machine.graph
-            links = [self.link(u, v) for u, v in zip(path, path[1:])]
-            delays = [g.nodes[v]["overhead_ps"] for v in path[1:]]
-            hops = self._paths[path] = (links, delays)
-        return Message(self.engine.new_corr(), path, hops[0], hops[1], n_flits, deliver, on_done, on_sent, what)
+            hops = self._paths[path] = [Hop(self.link(u, v), v, g.nodes[v]["overhead_ps"])
+                                        for u, v in zip(path, path[1:])]
+        return Message(self.engine.new_corr(), path, hops, n_flits, deliver, on_done, on_sent, what)
 
     def chunks(self, n_flits: int):
-        """(first flit, flit count) of each train of a message of ``n_flits``."""
-        c = self.chunk_flits
+        """(first flit, flit count) of each train of a message of ``n_flits``.
+
+        NOTE: a message is cut into about ``TRAINS`` trains (at most ``chunk_flits`` flits
+        each, at least ``MIN_TRAIN``), and its last train is halved down to one flit, so that
+        streams sharing a link finish as close together as flit by flit.
+        """
+        c = min(self.chunk_flits, max(MIN_TRAIN, -(-n_flits // TRAINS)))
         sizes = []
         rest = n_flits
         while rest > c:
@@ -131,7 +152,8 @@ class Network:
         return out
 
     def inject(self, msg: Message, first: int, n: int, head: int, tail: int, chain) -> None:
-        """Put a train of ``msg`` at the input of its first link (head at ``head``)."""
+        """Put a train of ``msg`` at the input of its first link: its first flit arrives at
+        ``head``, its last at ``tail`` (attribution ``chain``)."""
         msg.pending += 1
         self.engine.schedule(head, Train(self.engine.env, self._hop_cb, msg, first, n, head, tail, chain), EDGE)
 
@@ -144,16 +166,22 @@ class Network:
     def _hop(self, tr: Train) -> None:
         """The head of ``tr`` reaches the input of its next link: serialise it there."""
         msg, j = tr.msg, tr.hop
-        link = msg.links[j]
-        n, ser, free = tr.n, link.flit_ps, link.free_at
-        head, tail, chain = tr.head, tr.tail, tr.chain
-        a, b, c = free + n * ser, head + n * ser, tail + ser
-        tail_out = a if a > b and a > c else (b if b > c else c)
-        if tail_out != c:
-            cause = "queue" if tail_out == a and a > b and link.last_corr != msg.corr else "link"
-            chain = (link.key, cause, tail_out - c, chain)
-        link.free_at, link.last_corr = tail_out, msg.corr
-        link.busy_ps += n * ser
+        hop = msg.hops[j]
+        link = hop.link
+        n, head, tail, chain, ser = tr.n, tr.head, tr.tail, tr.chain, link.flit_ps
+        ts = link.ts
+        if ts and ts[-1] > head:
+            head_out, tail_out = _shared(link, head, tail, n, ser)
+            if tail_out > tail + ser:
+                cause = "queue" if link.last_corr != msg.corr else "link"
+                chain = (link.key, cause, tail_out - tail - ser, chain)
+        else:
+            head_out, tail_out = head + ser, tail + ser
+            if head + n * ser > tail_out:
+                chain = (link.key, "link", head + n * ser - tail_out, chain)
+                tail_out = head + n * ser
+            link.ts, link.us = [head, tail_out], [n * ser / (tail_out - head)]
+        link.last_corr = msg.corr
         link.flits += n
         eng = self.engine
         if eng.trace is not None:
@@ -161,13 +189,8 @@ class Network:
         last_train = tr.first + n == msg.n_flits
         if j == 0 and last_train and msg.on_sent is not None:
             eng.at(tail_out, msg.on_sent, tail_out, (link.key, "link", ser, chain))
-        delay = link.prop_ps + msg.delays[j]
-        chain = (link.key, "link", ser + link.prop_ps, chain)
-        if msg.delays[j]:
-            chain = (msg.path[j + 1], "fixed", msg.delays[j], chain)
-        tr.head = (head if head > free else free) + ser + delay
-        tr.tail, tr.chain = tail_out + delay, chain
-        if j + 1 < len(msg.links):
+        tr.head, tr.tail, tr.chain = head_out + hop.delay, tail_out + hop.delay, (hop, "hop", hop.total, chain)
+        if j + 1 < len(msg.hops):
             tr.hop = j + 1
             tr.callbacks = self._hop_cb
             heappush(eng._queue, (tr.head, EDGE, next(eng._eid), tr))
@@ -179,6 +202,25 @@ class Network:
         if msg.pending == 0 and last_train:
             eng.record(msg.corr, msg.path[-1], "done", msg.done_t, msg.done_t, msg.what)
             eng.at(msg.done_t, msg.on_done, msg.done_t, msg.done_chain)
+
+
+def _shared(link: Link, head: int, tail: int, n: int, ser: int) -> tuple[int, int]:
+    """Serialise a train on a link that has committed use after ``head``."""
+    ts, us = link.ts, link.us
+    if len(us) == 1 and us[0] >= 1.0:
+        end = ts[1]
+        head_out, tail_out = end + ser, max(end + n * ser, tail + ser)
+        if tail_out == end + n * ser:
+            ts[1] = tail_out
+        else:
+            ts.append(tail_out)
+            us.append(n * ser / (tail_out - end))
+        return head_out, tail_out
+    forget(ts, us, head)
+    head_out = ceil(avail(ts, us, head, ser))
+    tail_out = max(ceil(avail(ts, us, head, n * ser)), tail + ser)
+    occupy(ts, us, head, tail_out, n * ser)
+    return head_out, tail_out
 
 
 def arrive(tr: Train):

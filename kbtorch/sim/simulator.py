@@ -146,8 +146,8 @@ class Simulator:
             s = links.setdefault(link.kind, {"links": 0, "flits": 0, "busy_ps": 0, "max_busy_ps": 0})
             s["links"] += 1
             s["flits"] += link.flits
-            s["busy_ps"] += link.busy_ps
-            s["max_busy_ps"] = max(s["max_busy_ps"], link.busy_ps)
+            s["busy_ps"] += link.flits * link.flit_ps
+            s["max_busy_ps"] = max(s["max_busy_ps"], link.flits * link.flit_ps)
         mems = {n: {"bursts": m.bursts, "busy_ps": m.busy_ps} for n, m in self._mems.items() if m is not None}
         engines = {}
         for i in sorted(self._pes):

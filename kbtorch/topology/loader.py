@@ -68,6 +68,10 @@ def load_raw(path: str | Path) -> RawTopology:
         _need(machine, key, types, "machine", path)
     if machine["flit_bytes"] <= 0 or machine["clock_ghz"] <= 0:
         raise TopologyError(path, "machine", "flit_bytes and clock_ghz must be positive")
+    for key in ("route_order", "route_reset"):
+        dims = machine.get(key, [])
+        if not isinstance(dims, list) or not all(isinstance(d, str) for d in dims):
+            raise TopologyError(path, f"machine.{key}", f"expected a list of dimension names, got {dims!r}")
     issue = _need(doc, "issue", dict, "top level", path)
     for key in ("fixed_cycles", "per_byte_cycles", "composite_cap_bytes"):
         if _need(issue, key, (int, float), "issue", path) < 0:
@@ -101,13 +105,17 @@ def _check_components(comps: dict, path: str) -> dict:
         if not isinstance(spec, dict):
             raise TopologyError(path, where, "expected a table")
         _need(spec, "kind", str, where, path)
-        if spec.get("overhead_ns", 0) < 0:
-            raise TopologyError(path, f"{where}.overhead_ns", "must not be negative")
+        overhead = spec.get("overhead_ns", 0)
+        if not isinstance(overhead, (int, float)) or isinstance(overhead, bool) or overhead < 0:
+            raise TopologyError(path, f"{where}.overhead_ns", f"must be a non-negative number, got {overhead!r}")
         if "transit" in spec and not isinstance(spec["transit"], bool):
             raise TopologyError(path, f"{where}.transit", "expected true or false")
         for key in ("channels", "channel_gbps", "burst_bytes"):
             if key in spec and (not isinstance(spec[key], (int, float)) or spec[key] <= 0):
                 raise TopologyError(path, f"{where}.{key}", f"must be positive, got {spec[key]!r}")
+        tflops = spec.get("tflops", {})
+        if not isinstance(tflops, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in tflops.values()):
+            raise TopologyError(path, f"{where}.tflops", f"expected a table of non-negative numbers, got {tflops!r}")
     return comps
 
 
@@ -141,6 +149,9 @@ class _Expander:
         if name == self.raw.machine["pe_block"]:
             self.pe_prefixes.append((prefix, dict(coords)))
         where = f"blocks.{name}"
+        for key, types in (("nodes", dict), ("arrays", dict), ("links", list), ("bind", list)):
+            if not isinstance(spec.get(key, types()), types):
+                raise TopologyError(self.path, f"{where}.{key}", f"expected a {'table' if types is dict else 'list'}")
         for local, comp in spec.get("nodes", {}).items():
             if comp not in self.comps:
                 raise TopologyError(self.path, f"{where}.nodes.{local}", f"unknown component '{comp}'")
@@ -163,9 +174,12 @@ class _Expander:
 
     def array(self, where: str, arr_name: str, arr: dict, prefix: str, coords: dict, stack: tuple) -> None:
         w = f"{where}.arrays.{arr_name}"
+        if not isinstance(arr, dict):
+            raise TopologyError(self.path, w, "expected a table")
         block = _need(arr, "block", str, w, self.path)
         shape = arr.get("grid", [arr.get("count")])
-        if not shape or any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in shape):
+        bad = any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in shape) if isinstance(shape, list) else True
+        if bad or not shape:
             raise TopologyError(self.path, w, f"needs a positive 'count' or 'grid', got {shape!r}")
         dims = arr.get("dims", [arr_name] if len(shape) == 1 else None)
         if not isinstance(dims, list) or len(dims) != len(shape):
@@ -222,7 +236,7 @@ class _Expander:
         """A reference like ``r0``, ``pe[3].tcm`` or ``pe[*].dma_rd`` -> full node names."""
         if not isinstance(ref, str) or not ref:
             raise TopologyError(self.path, where, f"bad node reference {ref!r}")
-        names = [prefix]
+        names, cur = [prefix], spec
         for part in ref.split("."):
             m = _REF.match(part)
             if not m:
@@ -231,10 +245,12 @@ class _Expander:
             if index is None:
                 names = [n + token + "." for n in names]
             elif index == "*":
-                count = self.array_size(where, spec, token, ref)
+                count = self.array_size(where, cur, token, ref)
                 names = [n + f"{token}{i}." for n in names for i in range(count)]
             else:
                 names = [n + f"{token}{index}." for n in names]
+            arr = cur.get("arrays", {}).get(token) if index is not None else None
+            cur = self.blocks.get(arr["block"], {}) if arr else {}
         out = []
         for name in names:
             if name[:-1] not in self.raw.nodes:
@@ -245,7 +261,7 @@ class _Expander:
     def array_size(self, where: str, spec: dict, token: str, ref: str) -> int:
         arr = spec.get("arrays", {}).get(token)
         if arr is None:
-            raise TopologyError(self.path, where, f"'{ref}': '{token}' is not an array of this block")
+            raise TopologyError(self.path, where, f"'{ref}': '{token}' is not an array of the block it is used in")
         total = 1
         for s in arr.get("grid", [arr.get("count", 0)]):
             total *= s
@@ -290,7 +306,10 @@ class _Expander:
         if len(nodes) != count:
             raise TopologyError(self.path, f"{where}.nodes", f"array '{array}' has {count} elements, got {len(nodes)} nodes")
         for i, ref in enumerate(nodes):
-            (full,) = self.resolve(where, ref, prefix, spec)
+            found = self.resolve(where, ref, prefix, spec)
+            if len(found) != 1:
+                raise TopologyError(self.path, f"{where}.nodes", f"'{ref}' names {len(found)} nodes, expected one")
+            (full,) = found
             self.binds.setdefault(f"{prefix}{array}{i}.", {})[attr] = full
 
 

@@ -40,7 +40,10 @@ class Memory:
         return out
 
     def read(self, t: int, chain, addr: int, stride: int, first: int, n: int):
-        """Serve the n bursts of one train requested at ``t``; -> (head, tail, tail chain)."""
+        """Serve the n bursts of one train requested at ``t``.
+
+        Returns (head, tail, chain): when the first and the last burst are read out, and the
+        attribution of the last."""
         head = tail = None
         tail_start = t
         for ch, _, cnt, _ in self._classes(addr, stride, first, n):

@@ -1,0 +1,242 @@
+"""The ``kbtorch`` command line: topology summaries and micro-benchmarks of the simulator.
+
+Every command takes ``--json`` (print exactly one JSON object on stdout) and ``--topology
+NAME|PATH`` (default ``ahbm``). Byte counts accept KiB/MiB/GiB suffixes, PE lists ``0,5,9``
+and ``0-7``. An error prints ``kbtorch: error: <message>`` on stderr and exits with 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from tabulate import tabulate
+
+from .profiler import breakdown_ns, breakdown_table, path_table
+from .runtime import AllocationError, Runtime
+from .sim.commands import Dma, Signal
+from .sim.simulator import Simulator
+from .sim.traffic import PATTERNS, pattern_messages, pattern_pairs
+from .topology.machine import load_machine
+from .units import fmt_bytes, fmt_ns, parse_bytes, parse_pe, parse_pes
+
+HBM_PATTERNS = ("uniform", "hot-channel")
+EXAMPLE_BYTES = 1 << 20
+
+
+class UsageError(Exception):
+    """A bad command line, reported as ``kbtorch: error: ...``."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _byte_count(text: str) -> int:
+    try:
+        return parse_bytes(text, minimum=1)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _common() -> argparse.ArgumentParser:
+    """Options every command accepts; SUPPRESS keeps a subcommand from resetting them."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON object")
+    p.add_argument("--topology", metavar="NAME|PATH", default=argparse.SUPPRESS, help="topology (default: ahbm)")
+    return p
+
+
+def _bench_parsers(bench, common) -> None:
+    run = argparse.ArgumentParser(add_help=False)
+    run.add_argument("--trace", metavar="PATH", help="write the event trace to PATH")
+    p = bench.add_parser("transfer", parents=[common, run], help="DMA from one PE's HBM slice to another's")
+    p.add_argument("--src", required=True, help="source PE")
+    p.add_argument("--dst", required=True, help="destination PE")
+    p.add_argument("--bytes", type=_byte_count, default=EXAMPLE_BYTES, help="bytes to move (default 1MiB)")
+    p.add_argument("--flit-exact", action="store_true", help="one event per flit (reference mode)")
+    p.set_defaults(func=_cmd_transfer)
+    p = bench.add_parser("hbm", parents=[common, run], help="PEs stream from their HBM slice into their TCM")
+    p.add_argument("--pes", default="0-7", help="PE list (default 0-7)")
+    p.add_argument("--bytes", type=_byte_count, default=EXAMPLE_BYTES, help="bytes per PE (default 1MiB)")
+    p.add_argument("--pattern", choices=HBM_PATTERNS, default="uniform")
+    p.set_defaults(func=_cmd_hbm)
+    p = bench.add_parser("traffic", parents=[common, run], help="synthetic PE-to-PE messages")
+    p.add_argument("--pattern", choices=PATTERNS, default="uniform")
+    p.add_argument("--messages", type=int, default=64, help="number of messages (default 64)")
+    p.add_argument("--bytes", type=_byte_count, default=64 << 10, help="bytes per message (default 64KiB)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--flit-exact", action="store_true", help="one event per flit (reference mode)")
+    p.set_defaults(func=_cmd_traffic)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = _Parser(prog="kbtorch", parents=[common], description=__doc__.split("\n")[0])
+    parser.set_defaults(func=_cmd_default)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("topo", parents=[common], help="summary of a compiled topology")
+    p.add_argument("name", nargs="?", metavar="NAME|PATH", help="topology (default: --topology or ahbm)")
+    p.set_defaults(func=_cmd_topo)
+    bench = sub.add_parser("bench", help="micro-benchmarks").add_subparsers(dest="bench", metavar="BENCH", required=True)
+    _bench_parsers(bench, common)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); -> exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        machine = load_machine(getattr(args, "name", None) or getattr(args, "topology", "ahbm"))
+        data, text = args.func(args, machine)
+    except (UsageError, ValueError, RuntimeError, OSError) as exc:
+        print(f"kbtorch: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        print(json.dumps(data) if getattr(args, "json", False) else text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _write_trace(args, result) -> None:
+    """Write the run's trace (one tab-separated record a line, times in ps) to ``--trace``."""
+    if not args.trace:
+        return
+    try:
+        with open(args.trace, "w") as fh:
+            fh.write("# start_ps\tend_ps\tcorr\telement\twhat\tdetail\n")
+            fh.writelines(line + "\n" for line in result.trace)
+    except OSError as exc:
+        raise ValueError(f"argument --trace: cannot write '{args.trace}': {exc.strerror}") from None
+
+
+def _run_info(result) -> dict:
+    return {"latency_ns": result.latency_ns, "breakdown": breakdown_ns(result),
+            "events": result.events, "wall_s": result.wall_s}
+
+
+def _topo_text(s: dict) -> str:
+    overview = tabulate([
+        ("topology", f"{s['name']} ({s['path']})"), ("PEs", s["pes"]),
+        ("nodes / edges", f"{s['nodes']} / {s['edges']}"),
+        ("peak f16", f"{s['peak_tflops_f16']:g} TFLOP/s"),
+        ("HBM bandwidth (aggregate)", f"{s['hbm_gbps_total']:g} GB/s"),
+        ("HBM capacity", f"{s['hbm_gib_total']:g} GiB in {s['hbm_channels']} pseudo-channels"),
+        ("SRAM capacity", f"{s['sram_mib_total']:g} MiB"),
+    ], disable_numparse=True)
+    nodes = tabulate(sorted(s["nodes_by_kind"].items()), headers=("node kind", "count"))
+    links = tabulate([(k, s["edges_by_kind"][k], v["bw_gbps"], v["prop_ns"]) for k, v in s["links"].items()],
+                     headers=("link kind", "edges", "GB/s", "prop ns"))
+    return "\n\n".join((overview, nodes, links))
+
+
+def _cmd_topo(args, machine):
+    s = machine.summary()
+    return s, _topo_text(s)
+
+
+def _transfer(machine, src: int, dst: int, nbytes: int, mode: str = "fast", trace: bool = False):
+    """DMA of ``nbytes`` from PE ``src``'s HBM slice to PE ``dst``'s -> (JSON dict, result)."""
+    if src == dst:
+        raise ValueError(f"--src and --dst are both PE {src}: a transfer needs two PEs")
+    rt = Runtime(machine, mode=mode, trace=trace)
+    a, b = rt.alloc(src, nbytes), rt.alloc(dst, nbytes)
+    rt.launch(src, [Dma(a.loc(), b.loc(), nbytes, engine="dma_rd", label=f"transfer PE {src} -> PE {dst}")])
+    result = rt.run()
+    path = list(rt.last_sim.dma.data_path(a.node, b.node))
+    data = {"topology": machine.name, "src": src, "dst": dst, "bytes": nbytes, "mode": mode,
+            "gbps": nbytes / result.latency_ns, "path": path, **_run_info(result)}
+    return data, result
+
+
+def _transfer_text(machine, data: dict, result) -> str:
+    head = (f"{fmt_bytes(data['bytes'])} from PE {data['src']} HBM to PE {data['dst']} HBM ({data['mode']} mode): "
+            f"{fmt_ns(data['latency_ns'])}, {data['gbps']:.1f} GB/s, {len(data['path']) - 1} hops, "
+            f"{data['events']} events in {data['wall_s']:.3f} s")
+    return "\n\n".join((head, path_table(data["path"], machine), breakdown_table(result)))
+
+
+def _cmd_transfer(args, machine):
+    n = len(machine.pes)
+    src, dst = _pe_arg(args.src, n, "--src"), _pe_arg(args.dst, n, "--dst")
+    data, result = _transfer(machine, src, dst, args.bytes, "flit" if args.flit_exact else "fast", bool(args.trace))
+    _write_trace(args, result)
+    return data, _transfer_text(machine, data, result)
+
+
+def _pe_arg(text: str, n_pes: int, option: str) -> int:
+    try:
+        return parse_pe(text, n_pes)
+    except ValueError as exc:
+        raise ValueError(f"argument {option}: {exc}") from None
+
+
+def _cmd_default(args, machine):
+    s = machine.summary()
+    src, dst = 0, len(machine.pes) - 1
+    if dst == src:
+        return {"topology": s}, _topo_text(s)
+    data, result = _transfer(machine, src, dst, EXAMPLE_BYTES)
+    return {"topology": s, "example": data}, "\n\n".join(
+        (_topo_text(s), "Example transfer: " + _transfer_text(machine, data, result)))
+
+
+def _hbm_program(rt, pe: int, nbytes: int, pattern: str) -> Dma:
+    """PE ``pe``'s DMA read from its HBM slice into its TCM; hot-channel strides the source so
+    every burst maps to one pseudo-channel."""
+    try:
+        tcm = rt.alloc(pe, nbytes, "tcm")
+    except AllocationError as exc:
+        raise ValueError(f"argument --bytes: {fmt_bytes(nbytes)} does not fit the TCM: {exc}") from None
+    p = rt.machine.node(rt.memory_node(pe, "hbm"))["params"]
+    burst = p["burst_bytes"]
+    stride = p["channels"] * burst if pattern == "hot-channel" else 0
+    span = (-(-nbytes // burst) - 1) * stride + burst if stride else nbytes
+    src = rt.alloc(pe, span, "hbm")
+    return Dma(src.loc(), tcm.loc(), nbytes, engine="dma_rd", src_stride=stride,
+               signals=(Signal("done"),), label=f"hbm {pattern} PE {pe}")
+
+
+def _cmd_hbm(args, machine):
+    pes = _pes_arg(args.pes, len(machine.pes))
+    rt = Runtime(machine, trace=bool(args.trace))
+    for pe in pes:
+        rt.launch(pe, [_hbm_program(rt, pe, args.bytes, args.pattern)])
+    result = rt.run()
+    _write_trace(args, result)
+    finish = {pe: rt.last_sim.pe(pe).sem_chain["done"][0] / 1000 for pe in pes}
+    data = {"topology": machine.name, "pes": pes, "bytes": args.bytes, "pattern": args.pattern,
+            "gbps": len(pes) * args.bytes / result.latency_ns,
+            "per_pe_gbps": {str(pe): args.bytes / ns for pe, ns in finish.items()}, **_run_info(result)}
+    head = (f"{len(pes)} PE(s) x {fmt_bytes(args.bytes)} HBM -> TCM, {args.pattern}: {data['gbps']:.1f} GB/s "
+            f"in {fmt_ns(result.latency_ns)} ({result.events} events in {result.wall_s:.3f} s)")
+    rows = tabulate([(pe, machine.pes[pe].hbm, finish[pe], args.bytes / finish[pe]) for pe in pes],
+                    headers=("PE", "HBM slice", "finish ns", "GB/s"), floatfmt=("", "", ".3f", ".1f"))
+    return data, "\n\n".join((head, rows, breakdown_table(result)))
+
+
+def _pes_arg(text: str, n_pes: int) -> list[int]:
+    try:
+        return parse_pes(text, n_pes)
+    except ValueError as exc:
+        raise ValueError(f"argument --pes: {exc}") from None
+
+
+def _cmd_traffic(args, machine):
+    mode = "flit" if args.flit_exact else "fast"
+    msgs = pattern_messages(machine, args.pattern, args.messages, args.bytes, args.seed)
+    pairs = pattern_pairs(args.pattern, len(machine.pes), args.messages, args.seed)
+    result = Simulator(machine, mode=mode, trace=bool(args.trace)).run_messages(msgs)
+    _write_trace(args, result)
+    finishes = [t / 1000 for t in result.finishes]
+    data = {"topology": machine.name, "pattern": args.pattern, "bytes": args.bytes, "seed": args.seed,
+            "mode": mode, "messages": [{"src": s, "dst": d, "bytes": args.bytes, "finish_ns": f}
+                                       for (s, d), f in zip(pairs, finishes)], **_run_info(result)}
+    ordered = sorted(finishes)
+    head = (f"{args.messages} x {fmt_bytes(args.bytes)} {args.pattern} messages ({mode} mode): last finishes at "
+            f"{fmt_ns(result.latency_ns)}; finish min / median / max {ordered[0]:.3f} / "
+            f"{ordered[len(ordered) // 2]:.3f} / {ordered[-1]:.3f} ns; {result.events} events in {result.wall_s:.3f} s")
+    return data, "\n\n".join((head, breakdown_table(result)))

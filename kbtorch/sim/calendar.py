@@ -1,0 +1,74 @@
+"""A link's committed future: piecewise-constant utilisation over time.
+
+A train committed on a link uses a fraction of the link between its first flit's arrival
+and its last flit's departure: all of it when the link is its bottleneck, less when its
+flits arrive spaced out (a 256 GB/s stream on a 512 GB/s link uses half). A train that
+arrives later fills the capacity left over, in the gaps between the flits of the trains
+before it, instead of waiting for them to finish: two half-rate streams share a link at
+full speed, two full-rate streams get half each.
+
+Segment ``i`` spans ``[ts[i], ts[i+1])`` with utilisation ``us[i]`` in [0, 1]; after the
+last boundary the link is idle. Times are ps (floats inside, rounded up by the caller).
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+
+
+def forget(ts: list, us: list, now) -> None:
+    """Drop segments that ended at or before ``now``."""
+    k = 0
+    while k + 1 < len(ts) and ts[k + 1] <= now:
+        k += 1
+    if k:
+        del ts[:k]
+        del us[:k]
+
+
+def avail(ts: list, us: list, h, work):
+    """Earliest time by which ``work`` ps of service fit into the spare capacity from ``h``."""
+    x = h
+    for i, u in enumerate(us):
+        t1 = ts[i + 1]
+        if t1 <= x:
+            continue
+        t0 = ts[i] if ts[i] > x else x
+        if u < 1.0:
+            cap = (1.0 - u) * (t1 - t0)
+            if cap >= work:
+                return t0 + work / (1.0 - u)
+            work -= cap
+        x = t1
+    return x + work
+
+
+def occupy(ts: list, us: list, h, t_end, work) -> None:
+    """Commit ``work`` ps of service spread over the spare capacity of ``[h, t_end)``.
+
+    Requires ``ts[0] <= h`` (segments never start in the future of a new train)."""
+    if t_end > ts[-1]:
+        ts.append(t_end)
+        us.append(0.0)
+    i0, i1 = _cut(ts, us, h), _cut(ts, us, t_end)
+    spare = 0.0
+    for i in range(i0, i1):
+        spare += (1.0 - us[i]) * (ts[i + 1] - ts[i])
+    f = work / spare if spare > work else 1.0
+    for i in range(i0, i1):
+        us[i] += f * (1.0 - us[i])
+    i = min(len(us), i1 + 1) - 1
+    while i > max(0, i0 - 1):
+        if us[i] == us[i - 1]:
+            del us[i]
+            del ts[i]
+        i -= 1
+
+
+def _cut(ts: list, us: list, t) -> int:
+    """Make ``t`` a segment boundary; return its index in ``ts``."""
+    i = bisect_right(ts, t) - 1
+    if ts[i] != t:
+        ts.insert(i + 1, t)
+        us.insert(i + 1, us[i])
+        i += 1
+    return i
