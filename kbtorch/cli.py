@@ -128,8 +128,8 @@ def _topo_text(s: dict) -> str:
         ("SRAM capacity", f"{s['sram_mib_total']:g} MiB"),
     ], disable_numparse=True)
     nodes = tabulate(sorted(s["nodes_by_kind"].items()), headers=("node kind", "count"))
-    links = tabulate([(k, s["edges_by_kind"][k], v["bw_gbps"], v["prop_ns"]) for k, v in s["links"].items()],
-                     headers=("link kind", "edges", "GB/s", "prop ns"))
+    links = tabulate([(k, v["kind"], v["edges"], v["bw_gbps"], v["prop_ns"]) for k, v in s["links"].items()],
+                     headers=("link", "kind", "edges", "GB/s", "prop ns"))
     return "\n\n".join((overview, nodes, links))
 
 

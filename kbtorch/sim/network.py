@@ -35,7 +35,7 @@ from .calendar import avail, forget, occupy
 from .engine import EDGE
 
 TRAINS = 32
-MIN_TRAIN = 8
+MIN_TRAIN = 4
 
 
 class Link:

@@ -84,34 +84,36 @@ class Machine:
         unknown = sorted((set(route_order) | set(reset)) - dims)
         if unknown:
             raise TopologyError(self.path, "machine.route_order", f"dimensions {unknown} label no link (have {sorted(dims)})")
+        stray = sorted(set(reset) - set(route_order))
+        if stray:
+            raise TopologyError(self.path, "machine.route_reset", f"dimensions {stray} are not in route_order")
         self.router = Router(self.graph, route_order, reset, self.path)
         self._check_routable()
 
     def _check_routable(self) -> None:
         """Every PE reaches every other PE and its own memories; fail at load time if not."""
-        try:
-            for pe in self.pes:
-                if pe.hbm:
-                    self.route(pe.hbm, pe.node("dma_rd"))
-                    self.route(pe.node("dma_wr"), pe.hbm)
-            ports = [(pe.node("dma_wr"), pe.node("dma_rd")) for pe in self.pes]
-            entries = {self._entry(rd) for _, rd in ports}
-            for wr, _ in ports:
-                for first in self.graph.successors(wr):
-                    pred, dist = self.router._tree(first)
-                    reach = {s[0] for s in dist}
-                    lost = [e for e in entries if e not in reach]
-                    if lost:
-                        pe = self.graph.nodes[wr]["pe"]
-                        raise TopologyError(self.path, "route", f"PE {pe} ('{wr}') cannot reach '{lost[0]}'")
-        except TopologyError as exc:
-            raise TopologyError(self.path, exc.entry, str(exc).split(": ", 2)[-1]) from None
+        ports = [(pe.node("dma_wr"), pe.node("dma_rd")) for pe in self.pes]
+        entries = list(dict.fromkeys(self._port(rd, "in") for _, rd in ports))
+        for wr, _ in ports:
+            first = self._port(wr, "out")
+            reach = {state[0] for state in self.router._tree(first)[1]}
+            lost = [e for e in entries if e not in reach]
+            if lost:
+                pe = self.graph.nodes[wr]["pe"]
+                raise TopologyError(self.path, "route", f"PE {pe} ('{wr}') cannot reach '{lost[0]}'")
+        for pe in self.pes:
+            if pe.hbm:
+                self.route(pe.hbm, pe.node("dma_rd"))
+                self.route(pe.node("dma_wr"), pe.hbm)
 
-    def _entry(self, node: str) -> str:
-        preds = [r for r in self.graph.predecessors(node) if self.graph.nodes[r]["transit"]]
-        if not preds:
-            raise TopologyError(self.path, "route", f"'{node}' (PE {self.graph.nodes[node].get('pe')}) is disconnected")
-        return preds[0]
+    def _port(self, node: str, way: str) -> str:
+        """The first transit node after (``out``) or before (``in``) an endpoint."""
+        g = self.graph
+        near = g.successors(node) if way == "out" else g.predecessors(node)
+        transit = [r for r in near if g.nodes[r]["transit"]]
+        if not transit:
+            raise TopologyError(self.path, "route", f"'{node}' (PE {g.nodes[node].get('pe')}) is disconnected: no link {'to' if way == 'out' else 'from'} the network")
+        return transit[0]
 
     def route(self, src: str, dst: str) -> tuple[str, ...]:
         return self.router.route(src, dst)
@@ -127,7 +129,8 @@ class Machine:
             nodes[d["kind"]] = nodes.get(d["kind"], 0) + 1
         for _, _, d in g.edges(data=True):
             edges[d["kind"]] = edges.get(d["kind"], 0) + 1
-            links[d["kind"]] = {"bw_gbps": d["bw_gbps"], "prop_ns": d["prop_ns"]}
+            entry = links.setdefault(d["link"], {"kind": d["kind"], "bw_gbps": d["bw_gbps"], "prop_ns": d["prop_ns"], "edges": 0})
+            entry["edges"] += 1
         tflops = sum(g.nodes[pe.node("gemm")]["params"].get("tflops", {}).get("f16", 0.0) for pe in self.pes)
         hbm = [d for _, d in g.nodes(data=True) if d["kind"] == "hbm"]
         sram = [d for _, d in g.nodes(data=True) if d["kind"] == "sram"]

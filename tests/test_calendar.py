@@ -1,0 +1,30 @@
+"""Link calendars: utilisation committed by earlier trains, spare capacity for later ones."""
+from kbtorch.sim.calendar import avail, forget, occupy
+
+
+def test_full_use_then_idle():
+    ts, us = [0, 1000], [1.0]
+    assert avail(ts, us, 0, 500) == 1500
+    assert avail(ts, us, 200, 500) == 1500
+
+
+def test_half_use_leaves_half_the_capacity():
+    ts, us = [0, 1000], [0.5]
+    assert avail(ts, us, 0, 500) == 1000
+    assert avail(ts, us, 0, 700) == 1200
+
+
+def test_occupy_fills_spare_capacity_and_merges():
+    ts, us = [0, 1000], [0.5]
+    occupy(ts, us, 0, 1000, 500)
+    assert (ts, us) == ([0, 1000], [1.0])
+    occupy(ts, us, 500, 2000, 1000)
+    assert ts == [0, 2000] and us == [1.0]
+
+
+def test_occupy_beyond_the_end_and_forget():
+    ts, us = [0, 1000], [1.0]
+    occupy(ts, us, 500, 3000, 1000)
+    assert ts[-1] == 3000 and abs(sum((1 - u) * (b - a) for a, b, u in zip(ts, ts[1:], us)) - 1000) < 1e-9
+    forget(ts, us, 1500)
+    assert ts[0] == 1000
