@@ -53,6 +53,11 @@ class Command:
 
     engine = ""
 
+    def __post_init__(self):
+        for name, items, kind in (("waits", self.waits, Wait), ("signals", self.signals, Signal)):
+            if len(items) > 2 or not all(isinstance(x, kind) for x in items):
+                raise ValueError(f"{self.describe()}: {name} takes up to two {kind.__name__} entries, got {items!r}")
+
     @property
     def desc_bytes(self) -> int:
         raise NotImplementedError

@@ -34,6 +34,7 @@ class EngineQueue:
         self.queue: deque = deque()
         self.busy = False
         self.free_t, self.free_chain = 0, None
+        self.started = 0
         self.busy_ps = 0
         self.done = 0
 
@@ -62,12 +63,13 @@ class EngineQueue:
         now = self.pe.sim.engine.now
         if now > best_t:
             chain = (self.node, "queue", now - best_t, chain)
-        self.busy = True
+        self.busy, self.started = True, now
         self.pe.sim.engine.record(p.corr, self.node, "start", now, now, p.cmd.describe())
         self.pe.execute(self, p, now, chain)
 
     def release(self, t: int, chain) -> None:
         """The engine is free again at ``t`` (called at time ``t``)."""
+        self.busy_ps += t - self.started
         self.busy, self.free_t, self.free_chain = False, t, chain
         self.try_start()
 
@@ -99,6 +101,9 @@ class PEModel:
         chain = (cp, "fixed", cp_ps, chain) if cp_ps else chain
         for i, cmd in enumerate(cmds):
             q = self.queue(cmd.engine)
+            if cmd.desc_bytes > issue.composite_cap_bytes:
+                raise ValueError(f"PE {self.info.id} command #{i} '{cmd.describe()}': descriptor of "
+                                 f"{cmd.desc_bytes} bytes exceeds the {issue.composite_cap_bytes}-byte cap")
             d = issue.cmd_ps(cmd.desc_bytes)
             t += d
             chain = (cp, "issue", d, chain)
@@ -136,7 +141,6 @@ class PEModel:
             raise ValueError(f"PE {self.info.id} {q.role}: no rate for dtype '{cmd.dtype}' (have {sorted(rates)})")
         service = max(1, ceil(cmd.flops / rates[cmd.dtype]))  # flops / (TFLOP/s) = ps
         end, chain = now + service, (q.node, "service", service, chain)
-        q.busy_ps += service
         self.sim.engine.record(p.corr, q.node, "compute", now, end, cmd.describe())
         self.sim.engine.at(end, self._compute_done, q, p, end, chain)
 

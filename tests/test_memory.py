@@ -1,0 +1,42 @@
+"""HBM pseudo-channels: uniform addresses spread over channels, a hot channel serialises."""
+from kbtorch.sim.commands import Dma, Loc
+from kbtorch.sim.components.memory import Memory
+from kbtorch.sim.simulator import Simulator
+
+PARAMS = {"channels": 8, "channel_gbps": 32, "burst_bytes": 256}
+
+
+def test_uniform_read_spreads_over_channels():
+    mem = Memory("m", PARAMS, 256)
+    head, tail, _ = mem.read(0, None, 0, 256, 0, 64)
+    assert (head, tail) == (8000, 64_000)   # 8 bursts per channel, 8 ns each
+
+
+def test_hot_channel_read_serialises():
+    mem = Memory("m", PARAMS, 256)
+    head, tail, _ = mem.read(0, None, 0, 256 * 8, 0, 64)
+    assert (head, tail) == (8000, 512_000)
+
+
+def test_requests_queue_per_channel():
+    mem = Memory("m", PARAMS, 256)
+    mem.read(0, None, 0, 256, 0, 8)
+    _, tail, chain = mem.read(0, None, 0, 256, 0, 8)
+    assert tail == 16_000 and chain[1] == "service" and chain[3][1] == "queue"
+
+
+def stream(machine, pes, stride_bursts):
+    cmds = {}
+    for i in pes:
+        pe = machine.pes[i]
+        burst = machine.graph.nodes[pe.hbm]["params"]["burst_bytes"]
+        cmds[i] = [Dma(Loc(pe.hbm), Loc(pe.node("tcm")), 1 << 18, src_stride=stride_bursts * burst)]
+    result = Simulator(machine).run(cmds)
+    return len(pes) * (1 << 18) / result.latency_ns
+
+
+def test_cube_streams_at_about_1024_gbps_and_hot_channel_at_32_per_pe(ahbm):
+    assert 960 < stream(ahbm, range(8), 1) < 1030
+    assert 235 < stream(ahbm, [0], 1) < 257
+    assert 30 < stream(ahbm, [0], 8) < 32.1
+    assert 8 * 30 < stream(ahbm, range(8), 8) < 8 * 32.1
