@@ -138,19 +138,19 @@ def main(argv=None) -> int:
         for pattern in PATTERNS:
             rows.append(measure(machine, name, pes, nbytes, pattern, not args.quick or len(pes) == 1, min_s))
 
-    def flit(r, key, fmt):
-        return format(r["flit"][key], fmt) if "flit" in r else "-"
+    def flit(r, key, scale=1):
+        return r["flit"][key] / scale if "flit" in r else None
 
     print("\nHBM -> TCM streaming (GB/s from the fast mode; flit-exact columns where run)")
     print(tabulate(
         [(r["config"], r["pattern"], r["gbps"], r["per_pe_min"], r["per_pe_mean"], r["per_pe_max"],
-          r["fast"]["latency_ps"] / 1000, f"{r['flit']['latency_ps'] / 1000:.3f}" if "flit" in r else "-",
-          ("yes" if r["latency_equal"] else f"NO ({r['latency_rel_diff']:.4%})") if "flit" in r else "-",
-          r["fast"]["events"], flit(r, "events", "d"), r["fast"]["wall_s"], flit(r, "wall_s", ".3f"))
-         for r in rows],
+          r["fast"]["latency_ps"] / 1000, flit(r, "latency_ps", 1000),
+          ("yes" if r["latency_equal"] else f"NO ({r['latency_rel_diff']:.4%})") if "flit" in r else None,
+          r["fast"]["events"], flit(r, "events"), r["fast"]["wall_s"], flit(r, "wall_s"))
+         for r in rows], missingval="-",
         headers=("configuration", "pattern", "aggregate GB/s", "per PE min", "per PE mean", "per PE max",
                  "lat ns fast", "lat ns flit", "equal", "ev fast", "ev flit", "wall s fast", "wall s flit"),
-        floatfmt=("", "", ".1f", ".2f", ".2f", ".2f", ".3f", "", "", "", "", ".4f", "")), flush=True)
+        floatfmt=("", "", ".1f", ".2f", ".2f", ".2f", ".3f", ".3f", "", ".0f", ".0f", ".4f", ".3f")), flush=True)
 
     tg = targets(rows)
     print("\ntargets")
