@@ -32,7 +32,7 @@ from math import ceil
 from simpy.events import Event
 
 from .calendar import avail, forget, occupy
-from .engine import EDGE
+from .engine import EDGE, NODE
 
 TRAINS = 32
 MIN_TRAIN = 4
@@ -83,12 +83,12 @@ class Message:
     """
 
     __slots__ = ("corr", "path", "hops", "n_flits", "pending", "done_t", "done_chain",
-                 "deliver", "on_done", "on_sent", "what")
+                 "deliver", "on_done", "on_sent", "what", "backlog")
 
     def __init__(self, corr, path, hops, n_flits, deliver, on_done, on_sent, what):
         self.corr, self.path, self.hops, self.n_flits = corr, path, hops, n_flits
         self.deliver, self.on_done, self.on_sent, self.what = deliver, on_done, on_sent, what
-        self.pending, self.done_t, self.done_chain = 0, -1, None
+        self.pending, self.done_t, self.done_chain, self.backlog = 0, -1, None, None
 
 
 class Network:
@@ -158,10 +158,25 @@ class Network:
         self.engine.schedule(head, Train(self.engine.env, self._hop_cb, msg, first, n, head, tail, chain), EDGE)
 
     def send(self, msg: Message, t: int, chain) -> None:
-        """Inject all of ``msg`` at time ``t``: every flit is ready at the source."""
+        """Inject all of ``msg`` at time ``t``: every flit is ready at the source.
+
+        NOTE: only the first train is scheduled now; each next one is scheduled (as a node
+        event, so before any other train at that instant) when its predecessor has taken the
+        first link. The order is the same as scheduling all of them at once, but the event
+        queue holds one entry per message instead of one per train.
+        """
         self.engine.record(msg.corr, msg.path[0], "inject", t, t, f"{msg.what} {msg.n_flits} flits to {msg.path[-1]}")
-        for first, n in self.chunks(msg.n_flits):
-            self.inject(msg, first, n, t, t, chain)
+        trains = self.chunks(msg.n_flits)
+        msg.pending += len(trains)
+        msg.backlog = (trains, 1, t, chain) if len(trains) > 1 else None
+        first, n = trains[0]
+        self.engine.schedule(t, Train(self.engine.env, self._hop_cb, msg, first, n, t, t, chain), EDGE)
+
+    def _next_train(self, msg: Message) -> None:
+        trains, k, t, chain = msg.backlog
+        msg.backlog = (trains, k + 1, t, chain) if k + 1 < len(trains) else None
+        first, n = trains[k]
+        self.engine.schedule(self.engine.now, Train(self.engine.env, self._hop_cb, msg, first, n, t, t, chain), NODE)
 
     def _hop(self, tr: Train) -> None:
         """The head of ``tr`` reaches the input of its next link: serialise it there."""
@@ -187,8 +202,11 @@ class Network:
         if eng.trace is not None:
             eng.record(msg.corr, link.key, "hop", head, tail_out, f"flits {tr.first}+{n}")
         last_train = tr.first + n == msg.n_flits
-        if j == 0 and last_train and msg.on_sent is not None:
-            eng.at(tail_out, msg.on_sent, tail_out, (link.key, "link", ser, chain))
+        if j == 0:
+            if msg.backlog is not None:
+                self._next_train(msg)
+            elif last_train and msg.on_sent is not None:
+                eng.at(tail_out, msg.on_sent, tail_out, (link.key, "link", ser, chain))
         tr.head, tr.tail, tr.chain = head_out + hop.delay, tail_out + hop.delay, (hop, "hop", hop.total, chain)
         if j + 1 < len(msg.hops):
             tr.hop = j + 1
