@@ -34,7 +34,7 @@ from simpy.events import Event
 from .calendar import avail, forget, occupy
 from .engine import EDGE, NODE
 
-TRAINS = 32
+TRAIN_SCALE = 1 << 17
 MIN_TRAIN = 4
 
 
@@ -129,11 +129,13 @@ class Network:
     def chunks(self, n_flits: int):
         """(first flit, flit count) of each train of a message of ``n_flits``.
 
-        NOTE: a message is cut into about ``TRAINS`` trains (at most ``chunk_flits`` flits
-        each, at least ``MIN_TRAIN``), and its last train is halved down to one flit, so that
-        streams sharing a link finish as close together as flit by flit.
+        NOTE: trains hold ``N * N / TRAIN_SCALE`` flits (``MIN_TRAIN`` to ``chunk_flits``):
+        32 trains for a 1 MiB message, more for shorter ones, whose finish times are more
+        sensitive to the train-by-train interleaving of contended links. The last train is
+        halved down to one flit so that streams sharing a link finish as close together as
+        flit by flit.
         """
-        c = min(self.chunk_flits, max(MIN_TRAIN, -(-n_flits // TRAINS)))
+        c = min(self.chunk_flits, max(MIN_TRAIN, n_flits * n_flits // TRAIN_SCALE))
         sizes = []
         rest = n_flits
         while rest > c:
