@@ -15,7 +15,7 @@ from tabulate import tabulate
 
 from .profiler import breakdown_ns, breakdown_table, path_table
 from .runtime import AllocationError, Runtime
-from .sim.commands import Dma, Signal
+from .sim.commands import Dma
 from .sim.simulator import Simulator
 from .sim.traffic import PATTERNS, pattern_messages, pattern_pairs
 from .topology.machine import load_machine
@@ -196,8 +196,7 @@ def _hbm_program(rt, pe: int, nbytes: int, pattern: str) -> Dma:
     stride = p["channels"] * burst if pattern == "hot-channel" else 0
     span = (-(-nbytes // burst) - 1) * stride + burst if stride else nbytes
     src = rt.alloc(pe, span, "hbm")
-    return Dma(src.loc(), tcm.loc(), nbytes, engine="dma_rd", src_stride=stride,
-               signals=(Signal("done"),), label=f"hbm {pattern} PE {pe}")
+    return Dma(src.loc(), tcm.loc(), nbytes, engine="dma_rd", src_stride=stride, label=f"hbm {pattern} PE {pe}")
 
 
 def _cmd_hbm(args, machine):
@@ -207,7 +206,7 @@ def _cmd_hbm(args, machine):
         rt.launch(pe, [_hbm_program(rt, pe, args.bytes, args.pattern)])
     result = rt.run()
     _write_trace(args, result)
-    finish = {pe: rt.last_sim.pe(pe).sem_chain["done"][0] / 1000 for pe in pes}
+    finish = {pe: result.pe_finish_ps[pe] / 1000 for pe in pes}
     data = {"topology": machine.name, "pes": pes, "bytes": args.bytes, "pattern": args.pattern,
             "gbps": len(pes) * args.bytes / result.latency_ns,
             "per_pe_gbps": {str(pe): args.bytes / ns for pe, ns in finish.items()}, **_run_info(result)}

@@ -85,3 +85,9 @@ def test_unknown_dtype_and_pe_are_named(ahbm):
         run(ahbm, {0: [Compute(8000, dtype="int4")]})
     with pytest.raises(ValueError, match="PE 256 is outside"):
         run(ahbm, {256: [Compute(8000)]})
+
+
+def test_result_reports_each_pes_finish(ahbm):
+    result = run(ahbm, {0: [Compute(8000)], 9: [Compute(8_000_000)]})
+    assert result.pe_finish_ps == {0: 46_000, 9: 45_000 + 1_000_000}
+    assert result.latency_ps == max(result.pe_finish_ps.values())

@@ -40,6 +40,7 @@ class RunResult:
     graph: object = field(repr=False)
     trace: list[str] | None = field(default=None, repr=False)
     finishes: list[int] | None = field(default=None, repr=False)
+    pe_finish_ps: dict = field(default_factory=dict, repr=False)
 
     @property
     def latency_ns(self) -> float:
@@ -78,6 +79,7 @@ class Simulator:
         self._pes: dict[int, PEModel] = {}
         self._mems: dict[str, Memory | None] = {}
         self.last_t, self.last_chain = 0, None
+        self.pe_finish: dict[int, int] = {}
         self._used = False
 
     def pe(self, i: int) -> PEModel:
@@ -95,9 +97,11 @@ class Simulator:
             self._mems[node] = Memory(node, d["params"], self.machine.flit_bytes) if d["kind"] in ("hbm", "sram") else None
         return self._mems[node]
 
-    def command_done(self, t: int, chain) -> None:
+    def command_done(self, t: int, chain, pe: int | None = None) -> None:
         if t >= self.last_t:
             self.last_t, self.last_chain = t, chain
+        if pe is not None and t > self.pe_finish.get(pe, -1):
+            self.pe_finish[pe] = t
 
     def _start(self) -> float:
         if self._used:
@@ -138,7 +142,8 @@ class Simulator:
         if blame.total(self.last_chain) != self.last_t:
             raise AssertionError(f"attribution {blame.total(self.last_chain)} ps != latency {self.last_t} ps")
         trace = self.engine.trace_lines() if self.engine.trace is not None else None
-        return RunResult(self.last_t, self.last_chain, self.engine.events, wall, self._stats(), self.machine.graph, trace)
+        return RunResult(self.last_t, self.last_chain, self.engine.events, wall, self._stats(), self.machine.graph, trace,
+                         pe_finish_ps=dict(sorted(self.pe_finish.items())))
 
     def _stats(self) -> dict:
         links = {}

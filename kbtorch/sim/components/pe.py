@@ -166,7 +166,7 @@ class PEModel:
         self.sim.engine.record(p.corr, q.node, "complete", t, t, p.cmd.describe())
         for s in p.cmd.signals:
             self.signal(s.sem, s.inc, t, chain)
-        self.sim.command_done(t, chain)
+        self.sim.command_done(t, chain, self.info.id)
 
     def stuck(self) -> list[str]:
         """Descriptions of the commands that can never start."""
