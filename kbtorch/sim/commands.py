@@ -116,3 +116,80 @@ class Send(Command):
     @property
     def desc_bytes(self) -> int:
         return self.desc
+
+
+@dataclass(frozen=True)
+class Fetch(Command):
+    """Move ``nbytes`` from the PE's TCM into the GEMM or MATH engine (its operand buffers)."""
+
+    nbytes: int
+    engine: str = "gemm"
+    desc: int = COMPUTE_DESC_BYTES
+
+    @property
+    def desc_bytes(self) -> int:
+        return self.desc
+
+
+@dataclass(frozen=True)
+class Store(Command):
+    """Move ``nbytes`` of results from the GEMM or MATH engine into the PE's TCM."""
+
+    nbytes: int
+    engine: str = "gemm"
+    desc: int = COMPUTE_DESC_BYTES
+
+    @property
+    def desc_bytes(self) -> int:
+        return self.desc
+
+
+@dataclass(frozen=True)
+class Move:
+    """One DMA of every tile of a composite: ``nbytes`` at ``loc.addr + i * step`` for tile i
+    (``stride``: bytes between bursts at the memory end, 0 for contiguous)."""
+
+    loc: Loc
+    nbytes: int
+    step: int = 0
+    stride: int = 0
+
+
+@dataclass(frozen=True)
+class Composite(Command):
+    """One command carrying the pipeline DMA_READ -> FETCH -> GEMM/MATH -> STORE -> DMA_WRITE
+    over ``tiles`` tiles, which the PE scheduler streams with ``buffers``-deep buffering.
+
+    Per tile: every ``reads`` move lands in the TCM ``staging`` area, ``fetch_bytes`` go to
+    the engine, ``flops`` run on it; every ``accumulate``-th tile (and the last) stores
+    ``store_bytes`` back to TCM and runs the ``writes`` moves out of it. The descriptor is
+    32 bytes plus 16 per move and 8 per non-empty engine stage.
+    """
+
+    tiles: int
+    staging: Loc
+    reads: tuple = ()
+    fetch_bytes: int = 0
+    flops: int = 0
+    store_bytes: int = 0
+    writes: tuple = ()
+    accumulate: int = 1
+    buffers: int = 2
+    engine: str = "gemm"
+    dtype: str = "f16"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.tiles < 1 or self.buffers < 1 or self.accumulate < 1:
+            raise ValueError(f"{self.describe()}: tiles, buffers and accumulate must be at least 1")
+        if not all(isinstance(m, Move) and m.nbytes > 0 for m in self.reads + self.writes):
+            raise ValueError(f"{self.describe()}: reads and writes take Move entries of at least one byte")
+
+    @property
+    def desc_bytes(self) -> int:
+        stages = sum(1 for x in (self.fetch_bytes, self.flops, self.store_bytes) if x)
+        return 32 + 16 * (len(self.reads) + len(self.writes)) + 8 * stages
+
+    def stores_after(self, i: int) -> bool:
+        """Whether tile ``i`` ends an accumulation (its result is stored and written)."""
+        return (i + 1) % self.accumulate == 0 or i == self.tiles - 1

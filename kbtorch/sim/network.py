@@ -219,7 +219,7 @@ class Network:
         if t > msg.done_t:
             msg.done_t, msg.done_chain = t, chain
         msg.pending -= 1
-        if msg.pending == 0 and last_train:
+        if msg.pending == 0:
             eng.record(msg.corr, msg.path[-1], "done", msg.done_t, msg.done_t, msg.what)
             eng.at(msg.done_t, msg.on_done, msg.done_t, msg.done_chain)
 

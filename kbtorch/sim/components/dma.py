@@ -41,29 +41,34 @@ class DmaModel:
             raise ValueError(f"PE {pe.info.id} {cmd.describe()}: source and destination are both '{cmd.src.node}'")
 
     def start(self, pe, q, p, now: int, chain) -> None:
-        cmd, net = p.cmd, self.sim.network
+        """Execute a ``Dma`` command on engine queue ``q`` of PE model ``pe``."""
+        cmd = p.cmd
         self.check(pe, cmd)
-        path = self.data_path(cmd.src.node, cmd.dst.node)
-        n = net.flits(cmd.nbytes)
-        dst_mem = self.sim.memory(cmd.dst.node)
+        self.transfer(q.node, pe.info.node("tcm"), cmd, now, chain,
+                      lambda t, c: pe.complete(q, p, t, c), q.release, cmd.describe())
+
+    def transfer(self, engine: str, own_tcm: str, move, t: int, chain, on_done, on_sent, what: str) -> None:
+        """Move ``move.nbytes`` from ``move.src`` to ``move.dst`` for DMA engine node ``engine``
+        (whose PE's TCM is ``own_tcm``), starting at ``t``; ``on_sent(t, chain)`` when the
+        engine is free again, ``on_done(t, chain)`` when the data is committed."""
+        net = self.sim.network
+        path = self.data_path(move.src.node, move.dst.node)
+        dst_mem = self.sim.memory(move.dst.node)
 
         def deliver(tr):
             if dst_mem is None:
                 return arrive(tr)
-            return dst_mem.write(tr, cmd.dst.addr, cmd.dst_stride or dst_mem.burst_bytes)
+            return dst_mem.write(tr, move.dst.addr, move.dst_stride or dst_mem.burst_bytes)
 
-        def done(t, c):
-            pe.complete(q, p, t, c)
-
-        own_tcm = cmd.src.node == pe.info.node("tcm")
-        data = net.message(path, n, deliver, done, q.release if own_tcm else None, what=cmd.describe())
-        if own_tcm:
-            net.send(data, now, chain)
+        own = move.src.node == own_tcm
+        data = net.message(path, net.flits(move.nbytes), deliver, on_done, on_sent if own else None, what=what)
+        if own:
+            net.send(data, t, chain)
             return
-        port = path[1] if self.g.nodes[cmd.src.node]["kind"] == "tcm" else path[0]
-        req_path = self.sim.machine.route(q.node, port)
-        req = net.message(req_path, 1, arrive, lambda t, c: self.stream(data, cmd, t, c), q.release, what=f"read request {cmd.describe()}")
-        net.send(req, now, chain)
+        port = path[1] if self.g.nodes[move.src.node]["kind"] == "tcm" else path[0]
+        req = net.message(self.sim.machine.route(engine, port), 1, arrive,
+                          lambda tr, c: self.stream(data, move, tr, c), on_sent, what=f"read request {what}")
+        net.send(req, t, chain)
 
     def stream(self, msg, cmd, t: int, chain) -> None:
         """The read request reached the source at ``t``: stream the data out of it."""

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections import deque
 from math import ceil
 
-from ..commands import Compute, Dma, Send
+from ..commands import Composite, Compute, Dma, Fetch, Send, Store
 from ..network import arrive
+from .composite import CompositeRun
 
 
 class Pending:
@@ -35,6 +36,7 @@ class EngineQueue:
         self.busy = False
         self.free_t, self.free_chain = 0, None
         self.started = 0
+        self.current = None
         self.busy_ps = 0
         self.done = 0
 
@@ -63,7 +65,7 @@ class EngineQueue:
         now = self.pe.sim.engine.now
         if now > best_t:
             chain = (self.node, "queue", now - best_t, chain)
-        self.busy, self.started = True, now
+        self.busy, self.started, self.current = True, now, p
         self.pe.sim.engine.record(p.corr, self.node, "start", now, now, p.cmd.describe())
         self.pe.execute(self, p, now, chain)
 
@@ -131,15 +133,23 @@ class PEModel:
             self._compute(q, p, now, chain)
         elif isinstance(cmd, Send):
             self._send(q, p, now, chain)
+        elif isinstance(cmd, (Fetch, Store)):
+            self._local(q, p, now, chain)
+        elif isinstance(cmd, Composite):
+            CompositeRun(self, q, p, now, chain)
         else:
             raise TypeError(f"PE {self.info.id}: unknown command {cmd!r}")
 
-    def _compute(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
-        cmd = p.cmd
+    def service_ps(self, q: EngineQueue, cmd) -> int:
+        """Time (ps) engine ``q`` takes for ``cmd.flops`` at its ``cmd.dtype`` rate."""
         rates = self.sim.machine.graph.nodes[q.node]["params"].get("tflops", {})
         if cmd.dtype not in rates:
             raise ValueError(f"PE {self.info.id} {q.role}: no rate for dtype '{cmd.dtype}' (have {sorted(rates)})")
-        service = max(1, ceil(cmd.flops / rates[cmd.dtype]))  # flops / (TFLOP/s) = ps
+        return max(1, ceil(cmd.flops / rates[cmd.dtype]))  # flops / (TFLOP/s) = ps
+
+    def _compute(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
+        cmd = p.cmd
+        service = self.service_ps(q, cmd)
         end, chain = now + service, (q.node, "service", service, chain)
         self.sim.engine.record(p.corr, q.node, "compute", now, end, cmd.describe())
         self.sim.engine.at(end, self._compute_done, q, p, end, chain)
@@ -147,6 +157,17 @@ class PEModel:
     def _compute_done(self, q, p, t, chain) -> None:
         q.release(t, chain)
         self.complete(q, p, t, chain)
+
+    def _local(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
+        """Fetch (TCM -> engine) or Store (engine -> TCM) over the PE's TCM link."""
+        tcm, net = self.info.node("tcm"), self.sim.network
+        path = (tcm, q.node) if isinstance(p.cmd, Fetch) else (q.node, tcm)
+
+        def done(t, c):
+            q.release(t, c)
+            self.complete(q, p, t, c)
+
+        net.send(net.message(path, net.flits(p.cmd.nbytes), arrive, done, what=p.cmd.describe()), now, chain)
 
     def _send(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
         cmd = p.cmd
@@ -172,6 +193,10 @@ class PEModel:
         """Descriptions of the commands that can never start."""
         out = []
         for role, q in self.engines.items():
+            if q.busy:
+                p = q.current
+                out.append(f"PE {self.info.id} {role} command #{p.index} '{p.cmd.describe()}' (corr {p.corr}): "
+                           f"started at {q.started / 1000:.3f} ns and never completed")
             for p in q.queue:
                 need = ", ".join(f"'{w.sem}' >= {w.threshold} (is {self.sems.get(w.sem, 0)})" for w in p.cmd.waits)
                 why = f"waits on {need}" if need and p is q.queue[0] and not q.busy else "queued behind it"

@@ -1,0 +1,139 @@
+"""Composite commands: the PE scheduler tiles and streams DMA_READ -> FETCH -> GEMM/MATH ->
+STORE -> DMA_WRITE with overlapping stages.
+
+Each stage is a serial unit that takes the tiles in order. Stage ``s`` of tile ``i`` starts
+when stage ``s-1`` of tile ``i`` is done (its input is there), stage ``s`` of tile ``i-1`` is
+done (the unit is free), and stage ``s+1`` of tile ``i-B`` is done (with ``B``-deep
+buffering, the buffer that tile ``i`` fills has been drained). Reads and writes are real DMA
+transfers through the graph (initiated by the PE's DMA read and write engines), fetch and
+store move bytes over the TCM <-> engine links, and the compute stage holds the engine for
+``flops / rate``. The command occupies its engine's queue from its first stage to its last.
+"""
+from __future__ import annotations
+
+from math import ceil
+from typing import NamedTuple
+
+from ..commands import Loc
+from ..network import arrive
+
+
+class _Xfer(NamedTuple):
+    src: Loc
+    dst: Loc
+    nbytes: int
+    src_stride: int = 0
+    dst_stride: int = 0
+
+
+class CompositeRun:
+    """The execution of one ``Composite`` command on PE model ``pe``, engine queue ``q``."""
+
+    def __init__(self, pe, q, p, now: int, chain):
+        self.pe, self.q, self.p, self.cmd = pe, q, p, p.cmd
+        self.sim, cmd = pe.sim, p.cmd
+        present = (("read", cmd.reads), ("fetch", cmd.fetch_bytes), ("compute", cmd.flops),
+                   ("store", cmd.store_bytes), ("write", cmd.writes))
+        self.stages = [name for name, work in present if work]
+        if not self.stages:
+            raise ValueError(f"PE {pe.info.id} {cmd.describe()}: a composite needs at least one stage")
+        self.done = [[None] * cmd.tiles for _ in self.stages]
+        self.next = [0] * len(self.stages)
+        self.busy = [False] * len(self.stages)
+        self.start = (now, chain)
+        self.read_slot = sum(m.nbytes for m in cmd.reads)
+        self.write_slot = sum(m.nbytes for m in cmd.writes)
+        self.tcm = pe.info.node("tcm")
+        self.advance()
+
+    def _ready(self, s: int, i: int):
+        """(time, chain) at which stage ``s`` may take tile ``i``, or None if not yet."""
+        needs = [self.start]
+        if s > 0:
+            needs.append(self.done[s - 1][i])
+        if i > 0:
+            needs.append(self.done[s][i - 1])
+        if s + 1 < len(self.stages) and i >= self.cmd.buffers:
+            needs.append(self.done[s + 1][i - self.cmd.buffers])
+        if any(n is None for n in needs):
+            return None
+        return max(needs, key=lambda n: n[0])
+
+    def advance(self) -> None:
+        for s in range(len(self.stages)):
+            while not self.busy[s] and self.next[s] < self.cmd.tiles:
+                ready = self._ready(s, self.next[s])
+                if ready is None:
+                    break
+                i = self.next[s]
+                self.next[s] += 1
+                self.busy[s] = True
+                now = self.sim.engine.now
+                t, chain = ready
+                if now > t:
+                    chain = (self.q.node, "queue", now - t, chain)
+                getattr(self, "_" + self.stages[s])(s, i, now, chain)
+
+    def _finish(self, s: int, i: int, t: int, chain) -> None:
+        self.busy[s] = False
+        self.done[s][i] = (t, chain)
+        self.sim.engine.record(self.p.corr, self.q.node, self.stages[s], t, t, f"tile {i}")
+        if s == len(self.stages) - 1 and i == self.cmd.tiles - 1:
+            self.q.release(t, chain)
+            self.pe.complete(self.q, self.p, t, chain)
+            return
+        self.advance()
+
+    def _later(self, s: int, i: int, t: int, chain) -> None:
+        self.sim.engine.at(t, self._finish, s, i, t, chain)
+
+    def _moves(self, s: int, i: int, now: int, chain, xfers: list, engine: str) -> None:
+        left = [len(xfers), now, chain]
+
+        def one_done(t, c):
+            left[0] -= 1
+            if t >= left[1]:
+                left[1], left[2] = t, c
+            if left[0] == 0:
+                self._finish(s, i, left[1], left[2])
+
+        for x in xfers:
+            self.sim.dma.transfer(self.pe.info.node(engine), self.tcm, x, now, chain, one_done, None,
+                                  f"{self.cmd.describe()} tile {i}")
+
+    def _read(self, s: int, i: int, now: int, chain) -> None:
+        base = self.cmd.staging.addr + (i % self.cmd.buffers) * self.read_slot
+        xfers, off = [], 0
+        for m in self.cmd.reads:
+            xfers.append(_Xfer(Loc(m.loc.node, m.loc.addr + i * m.step), Loc(self.tcm, base + off), m.nbytes, m.stride))
+            off += m.nbytes
+        self._moves(s, i, now, chain, xfers, "dma_rd")
+
+    def _write(self, s: int, i: int, now: int, chain) -> None:
+        if not self.cmd.stores_after(i):
+            return self._later(s, i, now, chain)
+        k = i // self.cmd.accumulate
+        base = self.cmd.staging.addr + self.cmd.buffers * self.read_slot + (k % self.cmd.buffers) * self.write_slot
+        xfers, off = [], 0
+        for m in self.cmd.writes:
+            xfers.append(_Xfer(Loc(self.tcm, base + off), Loc(m.loc.node, m.loc.addr + k * m.step), m.nbytes, 0, m.stride))
+            off += m.nbytes
+        self._moves(s, i, now, chain, xfers, "dma_wr")
+
+    def _local(self, s: int, i: int, now: int, chain, path: tuple, nbytes: int) -> None:
+        net = self.sim.network
+        msg = net.message(path, net.flits(nbytes), arrive, lambda t, c: self._finish(s, i, t, c),
+                          what=f"{self.cmd.describe()} {self.stages[s]} tile {i}")
+        net.send(msg, now, chain)
+
+    def _fetch(self, s: int, i: int, now: int, chain) -> None:
+        self._local(s, i, now, chain, (self.tcm, self.q.node), self.cmd.fetch_bytes)
+
+    def _store(self, s: int, i: int, now: int, chain) -> None:
+        if not self.cmd.stores_after(i):
+            return self._later(s, i, now, chain)
+        self._local(s, i, now, chain, (self.q.node, self.tcm), self.cmd.store_bytes)
+
+    def _compute(self, s: int, i: int, now: int, chain) -> None:
+        service = self.pe.service_ps(self.q, self.cmd)
+        self._later(s, i, now + service, (self.q.node, "service", service, chain))
