@@ -1,0 +1,116 @@
+"""The tile-kernel API: a kernel is a Python function run SPMD on a group of PEs.
+
+``launch(kernel, pes, machine, *args)`` calls ``kernel(ctx, *args)`` once per PE of the
+group, in PE order; ``ctx`` knows its PE, its rank in the group and the group, allocates TCM
+buffers, and queues commands for that PE's engines (the Dataflow ISA of Maia 200, Fig. 2):
+
+- ``dma_read`` (HBM/SRAM/remote -> TCM) and ``dma_write`` (TCM -> HBM/SRAM/remote),
+- ``fetch`` (TCM -> GEMM/MATH engine), ``gemm``, ``math``, ``store`` (engine -> TCM),
+- ``send`` (an IPCQ message that raises a semaphore of another PE),
+- ``composite`` (a tiled DMA_READ -> FETCH -> GEMM/MATH -> STORE -> DMA_WRITE pipeline).
+
+Every command takes ``wait=`` and ``signal=``: up to two semaphores each, given as names
+(threshold 1, decrement 1 / increment 1) or as ``Wait``/``Signal``. The programs then run on
+a fresh simulator; the result is the simulator's ``RunResult``.
+"""
+from __future__ import annotations
+
+from ..sim.commands import Composite, Compute, Dma, Fetch, Loc, Send, Signal, Store, Wait
+from ..sim.simulator import RunResult, Simulator
+from .buffers import Buf, TcmArena
+
+MATH_FLOPS_PER_ELEMENT = {"add": 1, "mul": 1, "max": 1, "exp": 4, "silu": 5, "gelu": 8, "rsqrt": 4, "div": 1}
+
+
+def _waits(items) -> tuple:
+    return tuple(Wait(x) if isinstance(x, str) else x for x in ((items,) if isinstance(items, (str, Wait)) else items))
+
+
+def _signals(items) -> tuple:
+    return tuple(Signal(x) if isinstance(x, str) else x for x in ((items,) if isinstance(items, (str, Signal)) else items))
+
+
+def _loc(x) -> Loc:
+    return x.at() if isinstance(x, Buf) else x
+
+
+class PEContext:
+    """What a kernel sees on one PE; collects that PE's commands."""
+
+    def __init__(self, machine, kernel: str, pe: int, group: tuple):
+        self.machine, self.kernel, self.pe, self.group = machine, kernel, pe, group
+        self.rank = group.index(pe)
+        self.info = machine.pes[pe]
+        tcm = self.info.node("tcm")
+        self.arena = TcmArena(kernel, pe, tcm, machine.node(tcm)["params"])
+        self.commands: list = []
+
+    @property
+    def hbm_node(self) -> str:
+        return self.info.hbm
+
+    def tcm(self, name: str, nbytes: int) -> Buf:
+        """A TCM buffer of this PE; TcmOverflow (naming it) if the TCM is full."""
+        return self.arena.alloc(name, nbytes)
+
+    def _add(self, cmd):
+        self.commands.append(cmd)
+        return cmd
+
+    def dma_read(self, src, dst, nbytes: int, *, stride: int = 0, wait=(), signal=(), label="dma_read"):
+        return self._add(Dma(_loc(src), _loc(dst), nbytes, engine="dma_rd", src_stride=stride,
+                             waits=_waits(wait), signals=_signals(signal), label=label))
+
+    def dma_write(self, src, dst, nbytes: int, *, stride: int = 0, wait=(), signal=(), label="dma_write"):
+        return self._add(Dma(_loc(src), _loc(dst), nbytes, engine="dma_wr", dst_stride=stride,
+                             waits=_waits(wait), signals=_signals(signal), label=label))
+
+    def fetch(self, nbytes: int, *, engine: str = "gemm", wait=(), signal=(), label="fetch"):
+        return self._add(Fetch(nbytes, engine=engine, waits=_waits(wait), signals=_signals(signal), label=label))
+
+    def store(self, nbytes: int, *, engine: str = "gemm", wait=(), signal=(), label="store"):
+        return self._add(Store(nbytes, engine=engine, waits=_waits(wait), signals=_signals(signal), label=label))
+
+    def gemm(self, m: int, n: int, k: int, dtype: str = "f16", *, wait=(), signal=(), label="gemm"):
+        """An m x k by k x n tile product (2*m*n*k flops) on the GEMM engine."""
+        return self._add(Compute(2 * m * n * k, engine="gemm", dtype=dtype, waits=_waits(wait),
+                                 signals=_signals(signal), label=label))
+
+    def math(self, op: str, elements: int, dtype: str = "f16", *, wait=(), signal=(), label=None):
+        """A vector op over ``elements`` on the MATH engine."""
+        if op not in MATH_FLOPS_PER_ELEMENT:
+            raise ValueError(f"kernel '{self.kernel}': unknown math op '{op}' (known: {', '.join(MATH_FLOPS_PER_ELEMENT)})")
+        return self._add(Compute(MATH_FLOPS_PER_ELEMENT[op] * elements, engine="math", dtype=dtype,
+                                 waits=_waits(wait), signals=_signals(signal), label=label or f"math {op}"))
+
+    def send(self, dst_pe: int, sem: str, *, nbytes: int = 0, wait=(), signal=(), label=None):
+        return self._add(Send(dst_pe=dst_pe, sem=sem, nbytes=nbytes, waits=_waits(wait), signals=_signals(signal),
+                              label=label or f"send to PE {dst_pe}"))
+
+    def composite(self, *, wait=(), signal=(), label="composite", **fields):
+        """A ``Composite`` command (see kbtorch.sim.commands.Composite for the fields)."""
+        return self._add(Composite(waits=_waits(wait), signals=_signals(signal), label=label, **fields))
+
+
+def build(kernel, pes, machine, *args, name: str | None = None) -> dict:
+    """Run ``kernel(ctx, *args)`` for each PE of ``pes``; -> ``{pe: [commands]}``."""
+    group = tuple(pes)
+    if not group:
+        raise ValueError("a kernel needs at least one PE")
+    if len(set(group)) != len(group):
+        raise ValueError(f"PE group {list(group)} names a PE twice")
+    for pe in group:
+        if not 0 <= pe < len(machine.pes):
+            raise ValueError(f"PE {pe} is outside topology '{machine.name}' (PEs 0..{len(machine.pes) - 1})")
+    label = name or getattr(kernel, "__name__", "kernel")
+    programs = {}
+    for pe in group:
+        ctx = PEContext(machine, label, pe, group)
+        kernel(ctx, *args)
+        programs[pe] = ctx.commands
+    return programs
+
+
+def launch(kernel, pes, machine, *args, mode: str = "fast", trace: bool = False, name: str | None = None) -> RunResult:
+    """Build ``kernel``'s programs on ``pes`` and simulate them; -> RunResult."""
+    return Simulator(machine, mode=mode, trace=trace).run(build(kernel, pes, machine, *args, name=name))

@@ -1,0 +1,1 @@
+"""Hand-written tile kernels, one file per op family."""

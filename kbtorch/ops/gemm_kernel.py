@@ -1,0 +1,150 @@
+"""The GEMM tile kernel: one PE's program for its shard (see ``gemm_plan``).
+
+Per output tile the PE streams its K steps through a composite (DMA_READ A and B tiles ->
+FETCH -> GEMM -> STORE -> DMA_WRITE C), or, with ``composite=False``, issues the same work
+as individual commands chained by semaphores (reads may run two steps ahead; fetch and
+compute share the GEMM engine's queue, so they do not overlap). With a K split, the
+non-owners write their fp32 partial tiles into the owner's TCM and ring its IPCQ; the owner
+sums them on its MATH engine and writes C.
+"""
+from __future__ import annotations
+
+from ..sim.commands import Loc, Move, Wait
+from .gemm_plan import ACC_BYTES, DTYPES, GemmTiling, Shard, output_tiles, steps
+
+BUFFERS = 2
+
+
+class Layout:
+    """Byte offsets of a shard's blocked A panel, B panel and C block in its HBM slice, and
+    of its TCM regions."""
+
+    def __init__(self, shard: Shard, tiling: GemmTiling, dtype: str):
+        mp, np_, kp = shard.shape
+        tm, tn, tk = tiling.tile
+        self.eb, self.kp, self.np_ = DTYPES[dtype], kp, np_
+        self.b0 = _align(mp * kp * self.eb)
+        self.c0 = self.b0 + _align(kp * np_ * self.eb)
+        rows, cols, depth = min(tm, mp), min(tn, np_), min(tk, kp)
+        self.read_slot = (rows * depth + depth * cols) * self.eb
+        self.write_slot = rows * cols * ACC_BYTES
+        self.staging = BUFFERS * (self.read_slot + self.write_slot)
+        self.partials = _align(self.staging)
+        self.split = len(shard.peers)
+
+    def a(self, r: int, rows: int, k0: int) -> int:
+        return (r * self.kp + k0 * rows) * self.eb
+
+    def b(self, c: int, cols: int, k0: int) -> int:
+        return self.b0 + (c * self.kp + k0 * cols) * self.eb
+
+    def c(self, r: int, rows: int, c: int) -> int:
+        return self.c0 + (r * self.np_ + c * rows) * self.eb
+
+
+def _align(n: int) -> int:
+    return -(-n // 256) * 256
+
+
+def gemm_kernel(ctx, shards: dict, tiling: GemmTiling, dtype: str, composite: bool) -> None:
+    """Queue PE ``ctx.pe``'s commands for its shard of the GEMM."""
+    shard = shards.get(ctx.pe)
+    if shard is None:
+        return
+    lay = Layout(shard, tiling, dtype)
+    mp, np_, _ = shard.shape
+    owner = ctx.pe == shard.owner
+    ctx.tcm("staging", lay.staging)
+    if lay.split > 1 and owner:
+        ctx.tcm("partials", (lay.split - 1) * mp * np_ * ACC_BYTES)
+        ctx.tcm("result", mp * np_ * ACC_BYTES)
+    tiles = output_tiles(shard, tiling)
+    issued = 0
+    for t, (r, rows, c, cols) in enumerate(tiles):
+        last = t == len(tiles) - 1
+        if lay.split > 1:
+            dst = None if owner else _partial_loc(ctx, shard, lay, t, rows, cols, r, c)
+        else:
+            dst = (ctx.hbm_node, lay.c(r, rows, c))
+        emit = _composite_tile if composite else _chained_tile
+        issued = emit(ctx, lay, tiling, dtype, (r, rows, c, cols), dst, "mine" if last else None, issued)
+    if lay.split > 1:
+        _reduce(ctx, shard, lay, dtype, owner)
+
+
+def _partial_loc(ctx, shard: Shard, lay: Layout, t: int, rows: int, cols: int, r: int, c: int):
+    peer = shard.peers.index(ctx.pe) - 1
+    node = ctx.machine.pes[shard.owner].node("tcm")
+    offset = (peer * lay.np_ * (shard.shape[0]) + r * lay.np_ + c * rows) * ACC_BYTES
+    return node, lay.partials + offset
+
+
+def _k_groups(kp: int, tk: int) -> list[tuple[int, int, int]]:
+    """(k offset, step size, count) runs of equal K steps."""
+    out, k0 = [], 0
+    for size in steps(kp, tk):
+        if out and out[-1][1] == size:
+            out[-1] = (out[-1][0], size, out[-1][2] + 1)
+        else:
+            out.append((k0, size, 1))
+        k0 += size
+    return out
+
+
+def _composite_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, issued: int) -> int:
+    r, rows, c, cols = tile
+    groups = _k_groups(lay.kp, tiling.tile[2])
+    staging = ctx.arena.buffers[0].at()
+    for g, (k0, depth, count) in enumerate(groups):
+        final = g == len(groups) - 1
+        a_bytes, b_bytes = rows * depth * lay.eb, depth * cols * lay.eb
+        out_bytes = rows * cols * (ACC_BYTES if dst is None or lay.split > 1 else lay.eb)
+        writes = (Move(_loc(*dst), out_bytes),) if final and dst is not None else ()
+        ctx.composite(tiles=count, staging=staging, buffers=BUFFERS, accumulate=count, dtype=dtype,
+                      reads=(Move(_loc(ctx.hbm_node, lay.a(r, rows, k0)), a_bytes, a_bytes),
+                             Move(_loc(ctx.hbm_node, lay.b(c, cols, k0)), b_bytes, b_bytes)),
+                      fetch_bytes=a_bytes + b_bytes, flops=2 * rows * cols * depth,
+                      store_bytes=rows * cols * ACC_BYTES if final else 0, writes=writes,
+                      signal=(signal,) if final and signal else (), label=f"gemm tile {r},{c} k{k0}")
+    return issued
+
+
+def _chained_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, issued: int) -> int:
+    """Queue one output tile as individual commands; ``issued`` counts K steps so far on this
+    PE (reads of step s >= 2 wait until the fetch of step s - 2 has freed its buffer)."""
+    r, rows, c, cols = tile
+    staging = ctx.arena.buffers[0]
+    for k0, depth, count in _k_groups(lay.kp, tiling.tile[2]):
+        a_bytes, b_bytes = rows * depth * lay.eb, depth * cols * lay.eb
+        for s in range(count):
+            kk = k0 + s * depth
+            slot = staging.addr + (issued % BUFFERS) * lay.read_slot
+            free = ("free",) if issued >= BUFFERS else ()
+            ctx.dma_read(_loc(ctx.hbm_node, lay.a(r, rows, kk)), _loc(staging.node, slot), a_bytes, wait=free, signal="a")
+            ctx.dma_read(_loc(ctx.hbm_node, lay.b(c, cols, kk)), _loc(staging.node, slot + a_bytes), b_bytes, signal="b")
+            ctx.fetch(a_bytes + b_bytes, wait=("a", "b"), signal="free")
+            ctx.gemm(rows, cols, depth, dtype)
+            issued += 1
+    out_bytes = rows * cols * (ACC_BYTES if lay.split > 1 else lay.eb)
+    done = (signal,) if signal else ()
+    if dst is None:
+        ctx.store(rows * cols * ACC_BYTES, signal=done)
+        return issued
+    ctx.store(rows * cols * ACC_BYTES, signal="stored")
+    ctx.dma_write(_loc(staging.node, staging.addr), _loc(*dst), out_bytes, wait="stored", signal=done)
+    return issued
+
+
+def _reduce(ctx, shard: Shard, lay: Layout, dtype: str, owner: bool) -> None:
+    mp, np_, _ = shard.shape
+    if not owner:
+        ctx.send(shard.owner, "partial", wait="mine", label="partial ready")
+        return
+    ctx.math("add", (lay.split - 1) * mp * np_, "fp32", wait=(Wait("partial", lay.split - 1), Wait("mine")),
+             signal="summed", label="sum K-split partials")
+    result = ctx.arena.buffers[-1].at()
+    ctx.dma_write(result, _loc(ctx.hbm_node, lay.c0), mp * np_ * lay.eb, wait="summed", label="write C")
+
+
+def _loc(node: str, addr: int) -> Loc:
+    return Loc(node, addr)

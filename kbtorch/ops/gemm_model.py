@@ -1,0 +1,121 @@
+"""The analytic ideal-pipeline model of a GEMM, and the automatic tiling choice.
+
+Per PE the pipeline runs at its slowest stage: compute (``flops / peak``), DMA (A and B
+tiles read from its HBM slice at the bandwidth it gets: channels, slice port, and the
+controller link shared with the other active slices on that controller), TCM (fetch bytes
+over the TCM link); plus pipeline fill (the first tile's read and fetch), drain (the last
+tile's store and write), the first command's issue, and for a K split the transfer and sum
+of the partial results. The GEMM takes as long as its slowest PE.
+
+The automatic choice enumerates PE grids (using all or a prefix of the PEs, with a K split
+of up to 8) and macro-tiles that fit the TCM, ranks them by this model, and confirms the
+best few by simulation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .gemm_plan import ACC_BYTES, DTYPES, GemmTiling, output_tiles, plan
+from .gemm_kernel import Layout
+
+TILE_MN = (64, 128, 256, 512)
+TILE_K = (128, 256, 512, 1024, 2048)
+MAX_SPLIT = 8
+
+
+@dataclass(frozen=True)
+class GemmEstimate:
+    """Analytic latency (ns) and its parts for the slowest PE."""
+
+    ns: float
+    compute_ns: float
+    dma_ns: float
+    tcm_ns: float
+    overhead_ns: float
+    bound: str
+
+
+def _hbm_gbps(machine, pe: int, active: dict) -> float:
+    """HBM bandwidth (GB/s) PE ``pe`` gets from its own slice with ``active`` slices per
+    controller streaming."""
+    g, info = machine.graph, machine.pes[pe]
+    slice_ = info.hbm
+    p = g.nodes[slice_]["params"]
+    ctrl = next(iter(g.successors(slice_)))
+    up = sum(g.edges[ctrl, v]["bw_gbps"] for v in g.successors(ctrl) if g.nodes[v]["transit"])
+    ingress = g.edges[next(iter(g.predecessors(info.node("dma_rd")))), info.node("dma_rd")]["bw_gbps"]
+    return min(p["channels"] * p["channel_gbps"], g.edges[slice_, ctrl]["bw_gbps"], up / active[ctrl], ingress)
+
+
+def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: GemmTiling) -> GemmEstimate:
+    """The ideal-pipeline latency of the GEMM under ``tiling``."""
+    shards = plan(m, n, k, pes[: tiling.grid[0] * tiling.grid[1] * tiling.grid[2]], tiling)
+    g, eb = machine.graph, DTYPES[dtype]
+    active: dict = {}
+    for s in shards:
+        ctrl = next(iter(g.successors(machine.pes[s.pe].hbm)))
+        active[ctrl] = active.get(ctrl, 0) + 1
+    issue = machine.issue.cmd_ps(104) / 1000 + 3
+    worst = None
+    for s in shards:
+        mp, np_, kp = s.shape
+        info = machine.pes[s.pe]
+        peak = g.nodes[info.node("gemm")]["params"]["tflops"][dtype] * 1000     # flop/ns
+        tcm_gbps = g.edges[info.node("tcm"), info.node("gemm")]["bw_gbps"]
+        hbm = _hbm_gbps(machine, s.pe, active)
+        tiles = output_tiles(s, tiling)
+        read = sum((rows * kp + kp * cols) * eb for _, rows, _, cols in tiles)
+        compute = 2 * mp * np_ * kp / peak
+        dma, tcm = read / hbm, read / tcm_gbps
+        lay = Layout(s, tiling, dtype)
+        first = lay.read_slot
+        out = mp * np_ * (ACC_BYTES if len(s.peers) > 1 else eb)
+        overhead = issue + first / hbm + first / tcm_gbps + out / tcm_gbps + out / hbm / max(1, len(tiles))
+        if len(s.peers) > 1:
+            overhead += mp * np_ * ACC_BYTES / 256 + (len(s.peers) - 1) * mp * np_ / 500
+        parts = {"compute": compute, "DMA": dma, "TCM": tcm}
+        bound = max(parts, key=parts.get)
+        est = GemmEstimate(parts[bound] + overhead, compute, dma, tcm, overhead, bound)
+        if worst is None or est.ns > worst.ns:
+            worst = est
+    return worst
+
+
+def _grids(p: int, m: int, n: int, k: int):
+    for used in sorted({p, p // 2, p // 4} - {0}, reverse=True):
+        for gk in (1, 2, 4, 8):
+            if used % gk or gk > MAX_SPLIT or gk > k:
+                continue
+            rest = used // gk
+            for gm in range(1, rest + 1):
+                if rest % gm == 0 and gm <= m and rest // gm <= n:
+                    yield gm, rest // gm, gk
+
+
+def candidates(machine, m: int, n: int, k: int, dtype: str, pes: list):
+    """(estimate, tiling) of every tiling that fits the TCM, best first."""
+    cap = _tcm_capacity(machine, pes[0])
+    out = []
+    for grid in _grids(len(pes), m, n, k):
+        bm, bn, bk = -(-m // grid[0]), -(-n // grid[1]), -(-k // grid[2])
+        for tm in sorted({min(t, bm) for t in TILE_MN}):
+            for tn in sorted({min(t, bn) for t in TILE_MN}):
+                for tk in sorted({min(t, bk) for t in TILE_K}):
+                    tiling = GemmTiling(grid, (tm, tn, tk))
+                    if _tcm_need(bm, bn, grid[2], tiling, dtype) > cap:
+                        continue
+                    out.append((estimate(machine, m, n, k, dtype, pes, tiling), tiling))
+    out.sort(key=lambda e: (e[0].ns, e[1].grid[2], -e[1].tile[2]))
+    return out
+
+
+def _tcm_capacity(machine, pe: int) -> int:
+    p = machine.node(machine.pes[pe].node("tcm"))["params"]
+    return int((p.get("capacity_mib", 16) - p.get("scratch_mib", 1)) * 2**20)
+
+
+def _tcm_need(bm: int, bn: int, gk: int, tiling: GemmTiling, dtype: str) -> int:
+    tm, tn, tk = tiling.tile
+    eb = DTYPES[dtype]
+    staging = 2 * ((tm * tk + tk * tn) * eb + tm * tn * ACC_BYTES)
+    return staging + (gk * bm * bn * ACC_BYTES if gk > 1 else 0) + 4096

@@ -1,0 +1,102 @@
+"""GEMM decomposition: which PE computes which block, in which tiles.
+
+``C[M,N] = A[M,K] @ B[K,N]`` on a group of P PEs laid out as a ``gm x gn x gk`` grid (PE
+rank ``r = (a * gn + b) * gk + c``: the ``gk`` PEs that split one output block's K range
+are neighbours). PE ``(a, b, c)`` owns rows ``a`` of M, columns ``b`` of N and the K range
+``c`` (balanced splits; edge blocks are smaller). Inside its block a PE walks output tiles
+of ``tm x tn`` (row-major), each accumulating over K in steps of ``tk`` (the last step may be
+shorter). With ``gk > 1`` the PE with ``c = 0`` owns the block and sums the others'
+partial results.
+
+Operand placement (the kernel's deploy): each PE's A panel ``[M_a, K_c]``, B panel
+``[K_c, N_b]`` and C block sit in its own HBM slice in a blocked layout (every tile
+contiguous), i.e. A row panels are replicated across a grid row and B column panels
+across a grid column, as after an all-gather; the cost of getting them there belongs to the
+collectives, not to the GEMM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = {"f16": 2, "bf16": 2, "fp32": 4}
+ACC_BYTES = 4
+
+
+@dataclass(frozen=True)
+class GemmTiling:
+    """PE grid ``(gm, gn, gk)`` and macro-tile ``(tm, tn, tk)``."""
+
+    grid: tuple
+    tile: tuple
+
+    def describe(self) -> str:
+        return f"grid {'x'.join(map(str, self.grid))}, tile {'x'.join(map(str, self.tile))}"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One PE's part of a GEMM: its ranges, its K group and the owner of its output block."""
+
+    pe: int
+    rank: int
+    m: tuple
+    n: tuple
+    k: tuple
+    peers: tuple
+    owner: int
+
+    @property
+    def shape(self) -> tuple:
+        return self.m[1] - self.m[0], self.n[1] - self.n[0], self.k[1] - self.k[0]
+
+
+def split(total: int, parts: int, i: int) -> tuple[int, int]:
+    """The ``i``-th of ``parts`` balanced ranges of ``range(total)``."""
+    base, extra = divmod(total, parts)
+    lo = i * base + min(i, extra)
+    return lo, lo + base + (1 if i < extra else 0)
+
+
+def steps(length: int, size: int) -> list[int]:
+    """Tile sizes covering ``length`` in steps of ``size`` (the last may be shorter)."""
+    return [min(size, length - x) for x in range(0, length, size)]
+
+
+def check_shape(m: int, n: int, k: int, dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ValueError(f"gemm: unknown dtype '{dtype}' (expected one of {', '.join(DTYPES)})")
+    if min(m, n, k) < 1:
+        raise ValueError(f"gemm: shape M={m} N={n} K={k} must be positive")
+
+
+def plan(m: int, n: int, k: int, pes: list, tiling: GemmTiling) -> list[Shard]:
+    """The shards of every PE in ``pes`` (PEs without work get none)."""
+    gm, gn, gk = tiling.grid
+    if gm * gn * gk != len(pes):
+        raise ValueError(f"gemm: grid {tiling.grid} has {gm * gn * gk} PEs but the group has {len(pes)}")
+    if gm > m or gn > n or gk > k:
+        raise ValueError(f"gemm: grid {tiling.grid} is larger than the problem M={m} N={n} K={k}")
+    if min(tiling.tile) < 1:
+        raise ValueError(f"gemm: tile {tiling.tile} must be positive")
+    shards = []
+    for a in range(gm):
+        for b in range(gn):
+            group = [pes[(a * gn + b) * gk + c] for c in range(gk)]
+            for c in range(gk):
+                r = (a * gn + b) * gk + c
+                shards.append(Shard(pes[r], r, split(m, gm, a), split(n, gn, b), split(k, gk, c), tuple(group), group[0]))
+    return shards
+
+
+def output_tiles(shard: Shard, tiling: GemmTiling) -> list[tuple[int, int, int, int]]:
+    """``(row offset, rows, column offset, columns)`` of each output tile, inside the block."""
+    mp, np_, _ = shard.shape
+    tm, tn, _ = tiling.tile
+    out, r = [], 0
+    for rows in steps(mp, tm):
+        c = 0
+        for cols in steps(np_, tn):
+            out.append((r, rows, c, cols))
+            c += cols
+        r += rows
+    return out
