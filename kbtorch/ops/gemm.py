@@ -21,7 +21,7 @@ from .gemm_model import GemmEstimate, candidates, estimate
 from .gemm_plan import DTYPES, GemmTiling, check_shape, output_tiles, plan, steps
 
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-CONFIRM = 3
+CONFIRM = 2
 
 
 @dataclass
@@ -99,7 +99,7 @@ def auto_tiling(machine, m, n, k, dtype, pes) -> GemmTiling:
     if not ranked:
         raise ValueError(f"gemm: no tiling of M={m} N={n} K={k} {dtype} fits the TCM of {len(pes)} PEs")
     best = ranked[0][0].ns
-    close = [t for e, t in ranked[:CONFIRM] if e.ns <= 1.1 * best]
+    close = [t for e, t in ranked[:CONFIRM] if e.ns <= 1.03 * best]
     if len(close) == 1:
         return close[0]
     return min(close, key=lambda t: simulate(machine, m, n, k, dtype, pes, t).latency_ps)
@@ -146,7 +146,10 @@ def gemm(a=None, b=None, *, shape=None, dtype=None, pes=None, tiling=None, compo
     check_shape(m, n, k, dtype)
     pes = list(range(len(machine.pes))) if pes is None else list(pes)
     tiling = tiling or auto_tiling(machine, m, n, k, dtype, pes)
-    used = pes[: tiling.grid[0] * tiling.grid[1] * tiling.grid[2]]
+    need = tiling.grid[0] * tiling.grid[1] * tiling.grid[2]
+    if need > len(pes):
+        raise ValueError(f"gemm: grid {tiling.grid} needs {need} PEs but the group has {len(pes)}")
+    used = pes[:need]
     result = simulate(machine, m, n, k, dtype, pes, tiling, composite, mode, trace)
     c = numeric(a, b, pes, tiling) if a is not None else None
     tflops, hbm = _peaks(machine, used, dtype)

@@ -2,7 +2,8 @@
 
 Per PE the pipeline runs at its slowest stage: compute (``flops / peak``), DMA (A and B
 tiles read from its HBM slice at the bandwidth it gets: channels, slice port, and the
-controller link shared with the other active slices on that controller), TCM (fetch bytes
+controller link shared with the other active slices on that controller; plus one request
+round trip per tile, since a composite reads its tiles one after another), TCM (fetch bytes
 over the TCM link); plus pipeline fill (the first tile's read and fetch), drain (the last
 tile's store and write), the first command's issue, and for a K split the transfer and sum
 of the partial results. The GEMM takes as long as its slowest PE.
@@ -16,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .gemm_plan import ACC_BYTES, DTYPES, GemmTiling, output_tiles, plan
-from .gemm_kernel import Layout
 
 TILE_MN = (64, 128, 256, 512)
 TILE_K = (128, 256, 512, 1024, 2048)
@@ -47,6 +47,15 @@ def _hbm_gbps(machine, pe: int, active: dict) -> float:
     return min(p["channels"] * p["channel_gbps"], g.edges[slice_, ctrl]["bw_gbps"], up / active[ctrl], ingress)
 
 
+def _round_trip_ns(machine, pe: int) -> float:
+    """Head latency (ns) of a read: request from the DMA read engine to the PE's HBM slice,
+    first data flit back into its TCM."""
+    info, r = machine.pes[pe], machine.router
+    there = machine.route(info.node("dma_rd"), info.hbm)
+    back = machine.route(info.hbm, info.node("dma_rd")) + (info.node("tcm"),)
+    return sum(r.weight(u, v) for path in (there, back) for u, v in zip(path, path[1:])) / 1000
+
+
 def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: GemmTiling) -> GemmEstimate:
     """The ideal-pipeline latency of the GEMM under ``tiling``."""
     shards = plan(m, n, k, pes[: tiling.grid[0] * tiling.grid[1] * tiling.grid[2]], tiling)
@@ -58,27 +67,34 @@ def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: Gem
     issue = machine.issue.cmd_ps(104) / 1000 + 3
     worst = None
     for s in shards:
-        mp, np_, kp = s.shape
-        info = machine.pes[s.pe]
-        peak = g.nodes[info.node("gemm")]["params"]["tflops"][dtype] * 1000     # flop/ns
-        tcm_gbps = g.edges[info.node("tcm"), info.node("gemm")]["bw_gbps"]
-        hbm = _hbm_gbps(machine, s.pe, active)
-        tiles = output_tiles(s, tiling)
-        read = sum((rows * kp + kp * cols) * eb for _, rows, _, cols in tiles)
-        compute = 2 * mp * np_ * kp / peak
-        dma, tcm = read / hbm, read / tcm_gbps
-        lay = Layout(s, tiling, dtype)
-        first = lay.read_slot
-        out = mp * np_ * (ACC_BYTES if len(s.peers) > 1 else eb)
-        overhead = issue + first / hbm + first / tcm_gbps + out / tcm_gbps + out / hbm / max(1, len(tiles))
-        if len(s.peers) > 1:
-            overhead += mp * np_ * ACC_BYTES / 256 + (len(s.peers) - 1) * mp * np_ / 500
-        parts = {"compute": compute, "DMA": dma, "TCM": tcm}
-        bound = max(parts, key=parts.get)
-        est = GemmEstimate(parts[bound] + overhead, compute, dma, tcm, overhead, bound)
+        est = _pe_estimate(machine, s, tiling, dtype, eb, _hbm_gbps(machine, s.pe, active), issue)
         if worst is None or est.ns > worst.ns:
             worst = est
     return worst
+
+
+def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, eb: int, hbm: float, issue: float) -> GemmEstimate:
+    """Pipeline time of one PE: its slowest stage in full, plus one tile through the others
+    (fill and drain), the last output tile's store and write, and the first issue."""
+    g, info = machine.graph, machine.pes[s.pe]
+    mp, np_, kp = s.shape
+    peak = g.nodes[info.node("gemm")]["params"]["tflops"][dtype] * 1000     # flop/ns
+    tcm_gbps = g.edges[info.node("tcm"), info.node("gemm")]["bw_gbps"]
+    tiles = output_tiles(s, tiling)
+    n = len(tiles) * -(-kp // tiling.tile[2])
+    read = sum((rows * kp + kp * cols) * eb for _, rows, _, cols in tiles)
+    trip = _round_trip_ns(machine, s.pe)
+    stages = {"DMA": read / hbm + n * trip, "TCM": read / tcm_gbps, "compute": 2 * mp * np_ * kp / peak}
+    bound = max(stages, key=stages.get)
+    fill = sum(v / n for k, v in stages.items() if k != bound)
+    _, rows, _, cols = tiles[-1]
+    last = rows * cols * (ACC_BYTES if len(s.peers) > 1 else eb)
+    overhead = issue + fill + last / tcm_gbps + last / hbm + trip / 2
+    if len(s.peers) > 1:
+        # partials to the owner, its IPCQ, the sum on MATH (fp32), C out: three trips
+        math = g.nodes[info.node("math")]["params"]["tflops"]["fp32"] * 1000
+        overhead += mp * np_ * ACC_BYTES / 256 + (len(s.peers) - 1) * mp * np_ / math + 3 * trip + 3 * issue
+    return GemmEstimate(stages[bound] + overhead, stages["compute"], stages["DMA"], stages["TCM"], overhead, bound)
 
 
 def _grids(p: int, m: int, n: int, k: int):

@@ -159,8 +159,11 @@ class Network:
         msg.pending += 1
         self.engine.schedule(head, Train(self.engine.env, self._hop_cb, msg, first, n, head, tail, chain), EDGE)
 
-    def send(self, msg: Message, t: int, chain) -> None:
+    def send(self, msg: Message, t: int, chain, whole: bool = False) -> None:
         """Inject all of ``msg`` at time ``t``: every flit is ready at the source.
+
+        ``whole``: the path is private to one serial engine (a PE's TCM <-> engine link), so
+        nothing can interleave with it and the fast mode moves it as one train (exact).
 
         NOTE: only the first train is scheduled now; each next one is scheduled (as a node
         event, so before any other train at that instant) when its predecessor has taken the
@@ -168,7 +171,7 @@ class Network:
         queue holds one entry per message instead of one per train.
         """
         self.engine.record(msg.corr, msg.path[0], "inject", t, t, f"{msg.what} {msg.n_flits} flits to {msg.path[-1]}")
-        trains = self.chunks(msg.n_flits)
+        trains = [(0, msg.n_flits)] if whole and self.chunk_flits > 1 else self.chunks(msg.n_flits)
         msg.pending += len(trains)
         msg.backlog = (trains, 1, t, chain) if len(trains) > 1 else None
         first, n = trains[0]

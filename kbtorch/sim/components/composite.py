@@ -2,9 +2,11 @@
 STORE -> DMA_WRITE with overlapping stages.
 
 Each stage is a serial unit that takes the tiles in order. Stage ``s`` of tile ``i`` starts
-when stage ``s-1`` of tile ``i`` is done (its input is there), stage ``s`` of tile ``i-1`` is
-done (the unit is free), and stage ``s+1`` of tile ``i-B`` is done (with ``B``-deep
-buffering, the buffer that tile ``i`` fills has been drained). Reads and writes are real DMA
+when stage ``s-1`` of tile ``i`` is done (its input is there), the unit has let go of tile
+``i-1`` (a compute, fetch or store unit when that tile is done; a DMA unit once its
+requests or data have left, so reads of later tiles overlap the flight of earlier ones),
+and stage ``s+1`` of tile ``i-B`` is done (with ``B``-deep buffering, the buffer that tile
+``i`` fills has been drained). Reads and writes are real DMA
 transfers through the graph (initiated by the PE's DMA read and write engines), fetch and
 store move bytes over the TCM <-> engine links, and the compute stage holds the engine for
 ``flops / rate``. The command occupies its engine's queue from its first stage to its last.
@@ -26,11 +28,28 @@ class _Xfer(NamedTuple):
     dst_stride: int = 0
 
 
+class _Countdown:
+    """Calls ``then(t, chain)`` with the latest of ``n`` ticks."""
+
+    def __init__(self, n: int, t: int, chain, then):
+        self.n, self.t, self.chain, self.then = n, t, chain, then
+
+    def tick(self, t: int, chain) -> None:
+        self.n -= 1
+        if t >= self.t:
+            self.t, self.chain = t, chain
+        if self.n == 0:
+            self.then(self.t, self.chain)
+
+
 class CompositeRun:
     """The execution of one ``Composite`` command on PE model ``pe``, engine queue ``q``."""
 
-    def __init__(self, pe, q, p, now: int, chain):
+    def __init__(self, pe, q, p, now: int, chain, prev=None):
         self.pe, self.q, self.p, self.cmd = pe, q, p, p.cmd
+        self.prev, self.follower, self.released, self.finished = prev, None, False, False
+        if prev is not None:
+            prev.follower = self
         self.sim, cmd = pe.sim, p.cmd
         present = (("read", cmd.reads), ("fetch", cmd.fetch_bytes), ("compute", cmd.flops),
                    ("store", cmd.store_bytes), ("write", cmd.writes))
@@ -38,6 +57,7 @@ class CompositeRun:
         if not self.stages:
             raise ValueError(f"PE {pe.info.id} {cmd.describe()}: a composite needs at least one stage")
         self.done = [[None] * cmd.tiles for _ in self.stages]
+        self.freed = [[None] * cmd.tiles for _ in self.stages]
         self.next = [0] * len(self.stages)
         self.busy = [False] * len(self.stages)
         self.start = (now, chain)
@@ -52,12 +72,27 @@ class CompositeRun:
         if s > 0:
             needs.append(self.done[s - 1][i])
         if i > 0:
-            needs.append(self.done[s][i - 1])
+            needs.append(self.freed[s][i - 1])
         if s + 1 < len(self.stages) and i >= self.cmd.buffers:
             needs.append(self.done[s + 1][i - self.cmd.buffers])
+        if self.prev is not None and i < self.cmd.buffers:
+            needs += self.prev.handover(self.stages[s], i, self.cmd.buffers)
         if any(n is None for n in needs):
             return None
         return max(needs, key=lambda n: n[0])
+
+    def handover(self, name: str, i: int, buffers: int) -> list:
+        """What the next composite's stage ``name`` needs from this one before taking its
+        tile ``i``: this run's same unit done with its last tile, and the buffer that tile
+        ``i`` will fill drained (the two runs share units and buffers)."""
+        if name not in self.stages:
+            return []
+        s, last = self.stages.index(name), self.cmd.tiles - 1
+        needs = [self.freed[s][last]] if i == 0 else []
+        j = self.cmd.tiles - buffers + i
+        if s + 1 < len(self.stages) and j >= 0:
+            needs.append(self.done[s + 1][j])
+        return needs
 
     def advance(self) -> None:
         for s in range(len(self.stages)):
@@ -74,31 +109,54 @@ class CompositeRun:
                     chain = (self.q.node, "queue", now - t, chain)
                 getattr(self, "_" + self.stages[s])(s, i, now, chain)
 
-    def _finish(self, s: int, i: int, t: int, chain) -> None:
+    def _free(self, s: int, i: int, t: int, chain) -> None:
+        """Stage ``s``'s unit can take the next tile (a DMA stage: its requests are out)."""
         self.busy[s] = False
+        self.freed[s][i] = (t, chain)
+        self._progress(s, i, t, chain)
+
+    def _progress(self, s: int, i: int, t: int, chain) -> None:
+        """Advance this run and the composite queued behind it; once the first stage has
+        taken every tile, let the engine queue start the next command if it is a composite
+        (composites on one engine stream back to back through shared stage units)."""
+        self.advance()
+        if s == 0 and i == self.cmd.tiles - 1 and not self.released:
+            nxt = self.q.queue[0].cmd if self.q.queue else None
+            if isinstance(nxt, type(self.cmd)):
+                self.released = True
+                self.q.release(t, chain)
+        if self.follower is not None:
+            self.follower.advance()
+
+    def _finish(self, s: int, i: int, t: int, chain) -> None:
+        if self.freed[s][i] is None:
+            self.busy[s] = False
+            self.freed[s][i] = (t, chain)
         self.done[s][i] = (t, chain)
         self.sim.engine.record(self.p.corr, self.q.node, self.stages[s], t, t, f"tile {i}")
         if s == len(self.stages) - 1 and i == self.cmd.tiles - 1:
-            self.q.release(t, chain)
+            self.finished = True
+            if self.follower is not None:
+                self.follower.prev = None
+            if not self.released:
+                self.released = True
+                self.q.release(t, chain)
             self.pe.complete(self.q, self.p, t, chain)
+            if self.follower is not None:
+                self.follower.advance()
             return
-        self.advance()
+        self._progress(s, i, t, chain)
 
     def _later(self, s: int, i: int, t: int, chain) -> None:
         self.sim.engine.at(t, self._finish, s, i, t, chain)
 
     def _moves(self, s: int, i: int, now: int, chain, xfers: list, engine: str) -> None:
-        left = [len(xfers), now, chain]
-
-        def one_done(t, c):
-            left[0] -= 1
-            if t >= left[1]:
-                left[1], left[2] = t, c
-            if left[0] == 0:
-                self._finish(s, i, left[1], left[2])
-
+        """Start ``xfers`` together; the unit is free when all are sent, the tile done when all
+        have landed (reads of later tiles overlap the flight of earlier ones)."""
+        done = _Countdown(len(xfers), now, chain, lambda t, c: self._finish(s, i, t, c))
+        sent = _Countdown(len(xfers), now, chain, lambda t, c: self._free(s, i, t, c))
         for x in xfers:
-            self.sim.dma.transfer(self.pe.info.node(engine), self.tcm, x, now, chain, one_done, None,
+            self.sim.dma.transfer(self.pe.info.node(engine), self.tcm, x, now, chain, done.tick, sent.tick,
                                   f"{self.cmd.describe()} tile {i}")
 
     def _read(self, s: int, i: int, now: int, chain) -> None:
@@ -124,7 +182,7 @@ class CompositeRun:
         net = self.sim.network
         msg = net.message(path, net.flits(nbytes), arrive, lambda t, c: self._finish(s, i, t, c),
                           what=f"{self.cmd.describe()} {self.stages[s]} tile {i}")
-        net.send(msg, now, chain)
+        net.send(msg, now, chain, whole=True)
 
     def _fetch(self, s: int, i: int, now: int, chain) -> None:
         self._local(s, i, now, chain, (self.tcm, self.q.node), self.cmd.fetch_bytes)

@@ -85,6 +85,7 @@ class PEModel:
         self.sem_chain: dict[str, tuple] = {}
         self.waiters: dict[str, list] = {}
         self.engines: dict[str, EngineQueue] = {}
+        self.composites: dict = {}
 
     def queue(self, role: str) -> EngineQueue:
         q = self.engines.get(role)
@@ -136,7 +137,8 @@ class PEModel:
         elif isinstance(cmd, (Fetch, Store)):
             self._local(q, p, now, chain)
         elif isinstance(cmd, Composite):
-            CompositeRun(self, q, p, now, chain)
+            prev = self.composites.get(q.role)
+            self.composites[q.role] = CompositeRun(self, q, p, now, chain, prev if prev and not prev.finished else None)
         else:
             raise TypeError(f"PE {self.info.id}: unknown command {cmd!r}")
 
@@ -167,7 +169,7 @@ class PEModel:
             q.release(t, c)
             self.complete(q, p, t, c)
 
-        net.send(net.message(path, net.flits(p.cmd.nbytes), arrive, done, what=p.cmd.describe()), now, chain)
+        net.send(net.message(path, net.flits(p.cmd.nbytes), arrive, done, what=p.cmd.describe()), now, chain, whole=True)
 
     def _send(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
         cmd = p.cmd
