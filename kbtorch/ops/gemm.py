@@ -22,6 +22,13 @@ from .gemm_plan import DTYPES, GemmTiling, check_shape, output_tiles, plan, step
 
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 CONFIRM = 2
+CONFIRM_TILES = 4000
+
+
+def _tiles(m: int, n: int, k: int, tiling: GemmTiling) -> int:
+    """Macro-tiles (K steps included) of the whole GEMM: a measure of simulation cost."""
+    tm, tn, tk = tiling.tile
+    return -(-m // tm) * -(-n // tn) * -(-k // tk)
 
 
 @dataclass
@@ -100,7 +107,7 @@ def auto_tiling(machine, m, n, k, dtype, pes) -> GemmTiling:
         raise ValueError(f"gemm: no tiling of M={m} N={n} K={k} {dtype} fits the TCM of {len(pes)} PEs")
     best = ranked[0][0].ns
     close = [t for e, t in ranked[:CONFIRM] if e.ns <= 1.03 * best]
-    if len(close) == 1:
+    if len(close) == 1 or _tiles(m, n, k, close[0]) > CONFIRM_TILES:
         return close[0]
     return min(close, key=lambda t: simulate(machine, m, n, k, dtype, pes, t).latency_ps)
 

@@ -14,13 +14,15 @@ best few by simulation.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from .gemm_plan import ACC_BYTES, DTYPES, GemmTiling, output_tiles, plan
+from .gemm_plan import ACC_BYTES, DTYPES, GemmTiling, plan
 
 TILE_MN = (64, 128, 256, 512)
 TILE_K = (128, 256, 512, 1024, 2048)
 MAX_SPLIT = 8
+NEAR = 1.03
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ def _hbm_gbps(machine, pe: int, active: dict) -> float:
     return min(p["channels"] * p["channel_gbps"], g.edges[slice_, ctrl]["bw_gbps"], up / active[ctrl], ingress)
 
 
+@functools.lru_cache(maxsize=4096)
 def _round_trip_ns(machine, pe: int) -> float:
     """Head latency (ns) of a read: request from the DMA read engine to the PE's HBM slice,
     first data flit back into its TCM."""
@@ -65,29 +68,35 @@ def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: Gem
         ctrl = next(iter(g.successors(machine.pes[s.pe].hbm)))
         active[ctrl] = active.get(ctrl, 0) + 1
     issue = machine.issue.cmd_ps(104) / 1000 + 3
-    worst = None
+    worst, seen = None, set()
     for s in shards:
-        est = _pe_estimate(machine, s, tiling, dtype, eb, _hbm_gbps(machine, s.pe, active), issue)
+        hbm, trip = _hbm_gbps(machine, s.pe, active), _round_trip_ns(machine, s.pe)
+        key = (s.shape, len(s.peers), hbm, trip)
+        if key in seen:
+            continue
+        seen.add(key)
+        est = _pe_estimate(machine, s, tiling, dtype, eb, hbm, trip, issue)
         if worst is None or est.ns > worst.ns:
             worst = est
     return worst
 
 
-def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, eb: int, hbm: float, issue: float) -> GemmEstimate:
+def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, eb: int, hbm: float, trip: float,
+                 issue: float) -> GemmEstimate:
     """Pipeline time of one PE: its slowest stage in full, plus one tile through the others
     (fill and drain), the last output tile's store and write, and the first issue."""
     g, info = machine.graph, machine.pes[s.pe]
     mp, np_, kp = s.shape
     peak = g.nodes[info.node("gemm")]["params"]["tflops"][dtype] * 1000     # flop/ns
     tcm_gbps = g.edges[info.node("tcm"), info.node("gemm")]["bw_gbps"]
-    tiles = output_tiles(s, tiling)
-    n = len(tiles) * -(-kp // tiling.tile[2])
-    read = sum((rows * kp + kp * cols) * eb for _, rows, _, cols in tiles)
-    trip = _round_trip_ns(machine, s.pe)
+    tm, tn, tk = tiling.tile
+    row_tiles, col_tiles = -(-mp // tm), -(-np_ // tn)
+    n = row_tiles * col_tiles * -(-kp // tk)
+    read = (mp * kp * col_tiles + kp * np_ * row_tiles) * eb
     stages = {"DMA": read / hbm + n * trip, "TCM": read / tcm_gbps, "compute": 2 * mp * np_ * kp / peak}
     bound = max(stages, key=stages.get)
     fill = sum(v / n for k, v in stages.items() if k != bound)
-    _, rows, _, cols = tiles[-1]
+    rows, cols = mp - (row_tiles - 1) * tm, np_ - (col_tiles - 1) * tn
     last = rows * cols * (ACC_BYTES if len(s.peers) > 1 else eb)
     overhead = issue + fill + last / tcm_gbps + last / hbm + trip / 2
     if len(s.peers) > 1:
@@ -121,8 +130,19 @@ def candidates(machine, m: int, n: int, k: int, dtype: str, pes: list):
                     if _tcm_need(bm, bn, grid[2], tiling, dtype) > cap:
                         continue
                     out.append((estimate(machine, m, n, k, dtype, pes, tiling), tiling))
-    out.sort(key=lambda e: (e[0].ns, e[1].grid[2], -e[1].tile[2]))
-    return out
+    return rank(out)
+
+
+def rank(cands: list) -> list:
+    """Best first: by estimate; within ``NEAR`` of the best, fewer and larger tiles first
+    (less per-tile overhead than the model sees, and a cheaper simulation), then no K split."""
+    if not cands:
+        return cands
+    cands.sort(key=lambda e: e[0].ns)
+    best = cands[0][0].ns
+    near = [c for c in cands if c[0].ns <= NEAR * best]
+    near.sort(key=lambda e: (-e[1].tile[0] * e[1].tile[1] * e[1].tile[2], e[1].grid[2], e[0].ns))
+    return near + cands[len(near):]
 
 
 def _tcm_capacity(machine, pe: int) -> int:

@@ -34,7 +34,7 @@ from simpy.events import Event
 from .calendar import avail, forget, occupy
 from .engine import EDGE, NODE
 
-TRAIN_SCALE = 1 << 17
+TRAINS = 32
 MIN_TRAIN = 4
 
 
@@ -129,13 +129,12 @@ class Network:
     def chunks(self, n_flits: int):
         """(first flit, flit count) of each train of a message of ``n_flits``.
 
-        NOTE: trains hold ``N * N / TRAIN_SCALE`` flits (``MIN_TRAIN`` to ``chunk_flits``):
-        32 trains for a 1 MiB message, more for shorter ones, whose finish times are more
-        sensitive to the train-by-train interleaving of contended links. The last train is
-        halved down to one flit so that streams sharing a link finish as close together as
+        NOTE: a message moves as about ``TRAINS`` trains (``MIN_TRAIN`` to ``chunk_flits``
+        flits each), so that its cost in events does not grow with its size; the last train
+        is halved down to one flit so that streams sharing a link finish as close together as
         flit by flit.
         """
-        c = min(self.chunk_flits, max(MIN_TRAIN, n_flits * n_flits // TRAIN_SCALE))
+        c = min(self.chunk_flits, max(MIN_TRAIN, -(-n_flits // TRAINS)))
         sizes = []
         rest = n_flits
         while rest > c:
