@@ -111,3 +111,10 @@ def test_trace_is_byte_identical_across_runs_and_hash_seeds():
         outs.append(subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, check=True).stdout)
     assert outs[0] == outs[1] == outs[2]
     assert len(outs[0].splitlines()) > 100
+
+
+@pytest.mark.parametrize("nbytes", [1000, 64 << 10, 1 << 20])
+def test_flit_exact_mode_moves_single_flits(ahbm, nbytes):
+    a, b = ports(ahbm, 0, 9)
+    result = Simulator(ahbm, "flit").run_messages([(a, b, nbytes)])
+    assert result.events == -(-nbytes // 256) * (len(ahbm.route(a, b)) - 1) + 1

@@ -36,6 +36,7 @@ from .engine import EDGE, NODE
 
 TRAINS = 32
 MIN_TRAIN = 4
+LONG = 512
 
 
 class Link:
@@ -129,12 +130,14 @@ class Network:
     def chunks(self, n_flits: int):
         """(first flit, flit count) of each train of a message of ``n_flits``.
 
-        NOTE: a message moves as about ``TRAINS`` trains (``MIN_TRAIN`` to ``chunk_flits``
-        flits each), so that its cost in events does not grow with its size; the last train
-        is halved down to one flit so that streams sharing a link finish as close together as
+        NOTE: a message of at least ``LONG`` flits moves as about ``TRAINS`` trains (up to
+        ``chunk_flits`` flits each), so that its cost in events does not grow with its size;
+        a shorter one moves in trains of ``MIN_TRAIN`` flits, since its finish time is more
+        sensitive to the train-by-train interleaving of a contended link. The last train is
+        halved down to one flit so that streams sharing a link finish as close together as
         flit by flit.
         """
-        c = min(self.chunk_flits, max(MIN_TRAIN, -(-n_flits // TRAINS)))
+        c = min(self.chunk_flits, MIN_TRAIN if n_flits < LONG else -(-n_flits // TRAINS))
         sizes = []
         rest = n_flits
         while rest > c:
