@@ -50,8 +50,10 @@ class Command:
     waits: tuple = field(default=(), kw_only=True)
     signals: tuple = field(default=(), kw_only=True)
     label: str = field(default="", kw_only=True)
+    desc: int = field(default=0, kw_only=True)
 
     engine = ""
+    DESC_BYTES = COMPUTE_DESC_BYTES
 
     def __post_init__(self):
         for name, items, kind in (("waits", self.waits, Wait), ("signals", self.signals, Signal)):
@@ -60,7 +62,8 @@ class Command:
 
     @property
     def desc_bytes(self) -> int:
-        raise NotImplementedError
+        """Hardware-logical descriptor size (bytes): ``desc`` if given, else the default."""
+        return self.desc or self.DESC_BYTES
 
     def describe(self) -> str:
         return self.label or type(self).__name__.lower()
@@ -80,11 +83,8 @@ class Dma(Command):
     engine: str = "dma_rd"
     src_stride: int = 0
     dst_stride: int = 0
-    desc: int = DMA_DESC_BYTES
 
-    @property
-    def desc_bytes(self) -> int:
-        return self.desc
+    DESC_BYTES = DMA_DESC_BYTES
 
 
 @dataclass(frozen=True)
@@ -94,11 +94,6 @@ class Compute(Command):
     flops: int
     engine: str = "gemm"
     dtype: str = "f16"
-    desc: int = COMPUTE_DESC_BYTES
-
-    @property
-    def desc_bytes(self) -> int:
-        return self.desc
 
 
 @dataclass(frozen=True)
@@ -111,11 +106,7 @@ class Send(Command):
     inc: int = 1
     nbytes: int = 0
     engine: str = "ipcq"
-    desc: int = SEND_DESC_BYTES
-
-    @property
-    def desc_bytes(self) -> int:
-        return self.desc
+    DESC_BYTES = SEND_DESC_BYTES
 
 
 @dataclass(frozen=True)
@@ -124,11 +115,6 @@ class Fetch(Command):
 
     nbytes: int
     engine: str = "gemm"
-    desc: int = COMPUTE_DESC_BYTES
-
-    @property
-    def desc_bytes(self) -> int:
-        return self.desc
 
 
 @dataclass(frozen=True)
@@ -137,11 +123,6 @@ class Store(Command):
 
     nbytes: int
     engine: str = "gemm"
-    desc: int = COMPUTE_DESC_BYTES
-
-    @property
-    def desc_bytes(self) -> int:
-        return self.desc
 
 
 @dataclass(frozen=True)
