@@ -42,7 +42,7 @@ the timing pass and compared with torch.matmul of the same inputs in fp32 (atol 
 rtol: f16 1e-2, bf16 5e-2, fp32 1e-4). --check and --timing-only exclude each other.
 
 Tiling: neither --tile nor --grid picks it automatically (analytic model, best candidates
-confirmed by simulation). --tile alone uses every PE of --pes in the most square GM x GN grid
+confirmed by simulation when cheap). --tile alone uses every PE of --pes in the most square GM x GN grid
 that fits M and N (the longer side along the larger of M and N), GK=1. --grid alone uses
 the tile min(256, block) in each dimension, the block being M/GM, N/GN and K/GK rounded up.
 A given tile larger than the block is clipped to it.
@@ -366,8 +366,8 @@ def _gemm_check(run, a, b) -> dict:
     got = run.c.float()
     atol, rtol = GEMM_TOLERANCE[run.dtype]
     atol *= math.sqrt(run.k)
-    return {"max_abs_err": float((got - ref).abs().max()), "allclose": bool(torch.allclose(got, ref, rtol=rtol, atol=atol)),
-            "atol": atol, "rtol": rtol}
+    return {"max_abs_err": float((got - ref).abs().max()),
+            "allclose": bool(torch.allclose(got, ref, rtol=rtol, atol=atol)), "atol": atol, "rtol": rtol}
 
 
 def _cmd_gemm(args, machine):
@@ -443,4 +443,7 @@ def _gemm_text(d: dict, result) -> str:
                         for role, e in d["engines"].items()],
                        headers=("engine", "PEs", "commands", "busy ns (sum)", "busy %"),
                        floatfmt=("", "", "", ".1f", ".1f"))
+    if d["composite"]:
+        engines += ("\n(a composite occupies the GEMM engine's queue for its whole pipeline; "
+                    "its DMA stages are not counted on dma_rd/dma_wr)")
     return "\n\n".join((head, summary, engines, breakdown_table(result, top=8)))
