@@ -9,12 +9,12 @@ Qwen2.5-7B has hidden size 3584, intermediate size 18944 and GQA with 4 KV heads
 - ``down``     (S, 18944) x (18944, 3584)
 
 For each shape the table shows the automatic tiling (``*``; the analytic model ranks the
-tilings that fit the TCM; near-equal ones are confirmed by simulation when that is cheap) and the best other
-analytic candidate: its PE grid and macro-tile, its analytic rank, the simulated and the
-analytic latency, the MAC efficiency (% of the f16 peak of the PEs used) both ways, their
-gap, the % of the used PEs' HBM bandwidth achieved, and the latency without composite
-commands (individual commands chained by semaphores) with the composite's gain. All runs are
-timing-only (``gemm(shape=...)``, no data).
+tilings that fit the TCM, near-equal ones are confirmed by simulation when that is cheap)
+and the best other analytic candidate: its PE grid and macro-tile, its analytic rank, the
+simulated and the analytic latency, the MAC efficiency (% of the f16 peak of the PEs used)
+both ways, their gap, the % of the used PEs' HBM bandwidth achieved, and the latency without
+composite commands (individual commands chained by semaphores) with the composite's gain.
+All runs are timing-only (``gemm(shape=...)``, no data).
 
     python examples/gemm_tiling.py                 # S = 1 and 128, about 3.5 minutes
     python examples/gemm_tiling.py --quick         # S = 1 and 128, automatic tiling only, about 2.5 minutes

@@ -41,11 +41,11 @@ random (torch.manual_seed(0), randn in --dtype), C is computed on the same decom
 the timing pass and compared with torch.matmul of the same inputs in fp32 (atol x sqrt(K),
 rtol: f16 1e-2, bf16 5e-2, fp32 1e-4). --check and --timing-only exclude each other.
 
-Tiling: neither --tile nor --grid picks it automatically (analytic model, best candidates
-confirmed by simulation when cheap). --tile alone uses every PE of --pes in the most square GM x GN grid
-that fits M and N (the longer side along the larger of M and N), GK=1. --grid alone uses
-the tile min(256, block) in each dimension, the block being M/GM, N/GN and K/GK rounded up.
-A given tile larger than the block is clipped to it.
+Tiling: neither --tile nor --grid picks it automatically (analytic model, near-equal
+candidates confirmed by simulation when cheap). --tile alone uses every PE of --pes in the
+most square GM x GN grid that fits M and N (the longer side along the larger of M and N),
+GK=1. --grid alone uses the tile min(256, block) in each dimension, the block being M/GM,
+N/GN and K/GK rounded up. A given tile larger than the block is clipped to it.
 """
 
 
