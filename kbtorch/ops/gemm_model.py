@@ -100,9 +100,12 @@ def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, eb: int, hbm: float
     last = rows * cols * (ACC_BYTES if len(s.peers) > 1 else eb)
     overhead = issue + fill + last / tcm_gbps + last / hbm + trip / 2
     if len(s.peers) > 1:
-        # partials to the owner, its IPCQ, the sum on MATH (fp32), C out: three trips
+        # the other partials into the owner's TCM (through its one port), its IPCQ, the
+        # sum on MATH (fp32), C out: three trips
         math = g.nodes[info.node("math")]["params"]["tflops"]["fp32"] * 1000
-        overhead += mp * np_ * ACC_BYTES / 256 + (len(s.peers) - 1) * mp * np_ / math + 3 * trip + 3 * issue
+        ingress = g.edges[next(iter(g.predecessors(info.node("dma_rd")))), info.node("dma_rd")]["bw_gbps"]
+        others = len(s.peers) - 1
+        overhead += others * mp * np_ * ACC_BYTES / ingress + others * mp * np_ / math + 3 * trip + 3 * issue
     return GemmEstimate(stages[bound] + overhead, stages["compute"], stages["DMA"], stages["TCM"], overhead, bound)
 
 

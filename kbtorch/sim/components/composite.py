@@ -48,6 +48,7 @@ class CompositeRun:
     def __init__(self, pe, q, p, now: int, chain, prev=None):
         self.pe, self.q, self.p, self.cmd = pe, q, p, p.cmd
         self.prev, self.follower, self.released, self.finished = prev, None, False, False
+        self.handoff = None
         if prev is not None:
             prev.follower = self
         self.sim, cmd = pe.sim, p.cmd
@@ -80,6 +81,15 @@ class CompositeRun:
         if any(n is None for n in needs):
             return None
         return max(needs, key=lambda n: n[0])
+
+    def hand_over(self) -> None:
+        """Let the engine queue start the next command early if it is a composite and this
+        run's first stage has taken all its tiles (called then, and when a command arrives)."""
+        if self.released or self.handoff is None or not self.q.queue:
+            return
+        if isinstance(self.q.queue[0].cmd, type(self.cmd)):
+            self.released = True
+            self.q.release(*self.handoff)
 
     def handover(self, name: str, i: int, buffers: int) -> list:
         """What the next composite's stage ``name`` needs from this one before taking its
@@ -120,11 +130,9 @@ class CompositeRun:
         taken every tile, let the engine queue start the next command if it is a composite
         (composites on one engine stream back to back through shared stage units)."""
         self.advance()
-        if s == 0 and i == self.cmd.tiles - 1 and not self.released:
-            nxt = self.q.queue[0].cmd if self.q.queue else None
-            if isinstance(nxt, type(self.cmd)):
-                self.released = True
-                self.q.release(t, chain)
+        if s == 0 and i == self.cmd.tiles - 1:
+            self.handoff = (t, chain)
+            self.hand_over()
         if self.follower is not None:
             self.follower.advance()
 

@@ -42,6 +42,9 @@ class EngineQueue:
 
     def arrive(self, p: Pending) -> None:
         self.queue.append(p)
+        run = self.pe.composites.get(self.role)
+        if self.busy and run is not None:
+            run.hand_over()
         self.try_start()
 
     def try_start(self) -> None:
