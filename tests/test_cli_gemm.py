@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from kbtorch.cli import _square_grid, main
+from kbtorch.cli import main
+from kbtorch.cli_gemm import _square_grid
 
 SMALL = ("bench", "gemm", "--m", "256", "--n", "256", "--k", "256", "--pes", "0-7")
 ODD = ("bench", "gemm", "--m", "100", "--n", "70", "--k", "50", "--pes", "0-7")

@@ -18,7 +18,7 @@ from ..sim.simulator import RunResult
 from ..topology import load_machine
 from .gemm_kernel import gemm_kernel
 from .gemm_model import GemmEstimate, candidates, estimate
-from .gemm_plan import DTYPES, GemmTiling, check_shape, output_tiles, plan, steps
+from .gemm_plan import GemmTiling, check_shape, output_tiles, plan, steps
 
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 CONFIRM = 2

@@ -13,7 +13,6 @@ store move bytes over the TCM <-> engine links, and the compute stage holds the 
 """
 from __future__ import annotations
 
-from math import ceil
 from typing import NamedTuple
 
 from ..commands import Loc
