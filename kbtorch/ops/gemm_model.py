@@ -83,8 +83,9 @@ def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: Gem
 
 def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, eb: int, hbm: float, trip: float,
                  issue: float) -> GemmEstimate:
-    """Pipeline time of one PE: its slowest stage in full, plus one tile through the others
-    (fill and drain), the last output tile's store and write, and the first issue."""
+    """Pipeline time of one PE: every tile class at its slowest stage (``_steady_ns``), plus
+    one tile through the other stages (fill and drain), the last output tile's store and
+    write, and the first issue."""
     g, info = machine.graph, machine.pes[s.pe]
     mp, np_, kp = s.shape
     peak = g.nodes[info.node("gemm")]["params"]["tflops"][dtype] * 1000     # flop/ns
@@ -97,6 +98,8 @@ def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, eb: int, hbm: float
     bound = max(stages, key=stages.get)
     fill = sum(v / n for k, v in stages.items() if k != bound)
     rows, cols = mp - (row_tiles - 1) * tm, np_ - (col_tiles - 1) * tn
+    steady = _steady_ns(((tm, row_tiles - 1), (rows, 1)), ((tn, col_tiles - 1), (cols, 1)), kp, tk, eb,
+                        hbm, tcm_gbps, peak, trip)
     last = rows * cols * (ACC_BYTES if len(s.peers) > 1 else eb)
     overhead = issue + fill + last / tcm_gbps + last / hbm + trip / 2
     if len(s.peers) > 1:
@@ -106,7 +109,24 @@ def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, eb: int, hbm: float
         ingress = g.edges[next(iter(g.predecessors(info.node("dma_rd")))), info.node("dma_rd")]["bw_gbps"]
         others = len(s.peers) - 1
         overhead += others * mp * np_ * ACC_BYTES / ingress + others * mp * np_ / math + 3 * trip + 3 * issue
-    return GemmEstimate(stages[bound] + overhead, stages["compute"], stages["DMA"], stages["TCM"], overhead, bound)
+    return GemmEstimate(steady + overhead, stages["compute"], stages["DMA"], stages["TCM"], overhead, bound)
+
+
+def _steady_ns(row_classes, col_classes, kp: int, tk: int, eb: int, hbm: float, tcm: float, peak: float,
+               trip: float) -> float:
+    """Pipelined time of all K steps: each class of tiles (full or edge rows x full or edge
+    columns, full or short K step) runs at its own slowest stage."""
+    total = 0.0
+    k_classes = ((tk, kp // tk), (kp % tk, 1))
+    for rows, nr in row_classes:
+        for cols, nc in col_classes:
+            for depth, nk in k_classes:
+                if nr * nc * nk == 0 or rows * cols * depth == 0:
+                    continue
+                tile = (rows * depth + depth * cols) * eb
+                step = max(tile / hbm + trip, tile / tcm, 2 * rows * cols * depth / peak)
+                total += nr * nc * nk * step
+    return total
 
 
 def _grids(p: int, m: int, n: int, k: int):
