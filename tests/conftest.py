@@ -1,8 +1,10 @@
 """Shared fixtures: the shipped AHBM machine, the tiny test machine, topology file writing."""
+import json
 from pathlib import Path
 
 import pytest
 
+from kbtorch.cli import main
 from kbtorch.topology import load_machine
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -34,3 +36,28 @@ def write_topology(tmp_path):
         path.write_text(text)
         return path
     return write
+
+
+@pytest.fixture
+def cli_json(capsys):
+    """``cli_json(*argv) -> dict``: run ``kbtorch argv --json`` in-process; it must succeed
+    and print one JSON object and nothing on stderr."""
+    def run(*argv) -> dict:
+        assert main([*argv, "--json"]) == 0
+        out, err = capsys.readouterr()
+        assert err == ""
+        return json.loads(out)
+    return run
+
+
+@pytest.fixture
+def cli_error(capsys):
+    """``cli_error(*argv) -> str``: run ``kbtorch argv``; it must exit 2 with a one-line
+    ``kbtorch: error:`` message (returned) and no traceback."""
+    def run(*argv) -> str:
+        assert main(list(argv)) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.startswith("kbtorch: error: ") and "Traceback" not in err
+        return err
+    return run

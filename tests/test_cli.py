@@ -8,21 +8,6 @@ from kbtorch.sim.traffic import pattern_pairs
 from kbtorch.units import fmt_bytes, parse_bytes, parse_pe, parse_pes
 
 
-def run_json(capsys, *argv) -> dict:
-    assert main([*argv, "--json"]) == 0
-    out, err = capsys.readouterr()
-    assert err == ""
-    return json.loads(out)
-
-
-def run_error(capsys, *argv) -> str:
-    assert main(list(argv)) == 2
-    out, err = capsys.readouterr()
-    assert out == ""
-    assert err.startswith("kbtorch: error: ") and "Traceback" not in err
-    return err
-
-
 @pytest.mark.parametrize("text, expected", [
     ("4096", 4096), ("4KiB", 4096), ("1MiB", 1 << 20), ("2GiB", 2 << 30), ("1.5MiB", 3 << 19),
     ("64KB", 64000), ("3 mb", 3_000_000), ("1GB", 10**9), ("256B", 256), (512, 512),
@@ -62,45 +47,45 @@ def test_fmt_bytes():
     assert [fmt_bytes(n) for n in (1 << 20, 3 << 19, 4096, 1000)] == ["1 MiB", "1.5 MiB", "4 KiB", "1000 B"]
 
 
-def test_topo_json(capsys):
-    s = run_json(capsys, "topo")
+def test_topo_json(cli_json):
+    s = cli_json("topo")
     assert s["pes"] == 256 and s["peak_tflops_f16"] == pytest.approx(2048)
     assert s["hbm_gbps_total"] == pytest.approx(32 * 1024)
     assert {"nodes_by_kind", "edges_by_kind", "links", "hbm_gib_total", "sram_mib_total"} <= set(s)
 
 
-def test_topo_text_and_path(capsys, tiny_path):
+def test_topo_text_and_path(tiny_path, capsys):
     assert main(["topo", str(tiny_path)]) == 0
     out = capsys.readouterr().out
     assert "TFLOP/s" in out and "node kind" in out and "tiny" in out
 
 
-def test_default_shows_machine_and_example(capsys):
-    data = run_json(capsys)
+def test_default_shows_machine_and_example(cli_json):
+    data = cli_json()
     assert data["topology"]["pes"] == 256
     example = data["example"]
     assert (example["src"], example["dst"], example["bytes"]) == (0, 255, 1 << 20)
     assert example["latency_ns"] > 0
 
 
-def test_transfer_json(capsys):
-    d = run_json(capsys, "bench", "transfer", "--src", "0", "--dst", "255", "--bytes", "64KiB")
+def test_transfer_json(cli_json):
+    d = cli_json("bench", "transfer", "--src", "0", "--dst", "255", "--bytes", "64KiB")
     assert {"latency_ns", "gbps", "path", "breakdown", "events", "wall_s"} <= set(d)
     assert d["path"][0] == "sip0.cube0.hs0" and d["path"][-1].endswith("hs7")
     assert d["gbps"] == pytest.approx(65536 / d["latency_ns"])
     assert sum(d["breakdown"].values()) == pytest.approx(d["latency_ns"])
 
 
-def test_transfer_latency_grows_with_bytes(capsys):
-    lat = [run_json(capsys, "bench", "transfer", "--src", "3", "--dst", "40", "--bytes", n)["latency_ns"]
+def test_transfer_latency_grows_with_bytes(cli_json):
+    lat = [cli_json("bench", "transfer", "--src", "3", "--dst", "40", "--bytes", n)["latency_ns"]
            for n in ("4KiB", "16KiB", "64KiB")]
     assert lat[0] < lat[1] < lat[2]
 
 
-def test_transfer_flit_exact_close_to_fast(capsys):
+def test_transfer_flit_exact_close_to_fast(cli_json):
     argv = ("bench", "transfer", "--src", "0", "--dst", "9", "--bytes", "32KiB")
-    fast = run_json(capsys, *argv)["latency_ns"]
-    exact = run_json(capsys, *argv, "--flit-exact")["latency_ns"]
+    fast = cli_json(*argv)["latency_ns"]
+    exact = cli_json(*argv, "--flit-exact")["latency_ns"]
     assert exact == pytest.approx(fast, rel=0.05)
 
 
@@ -119,23 +104,23 @@ def test_json_flag_before_command(capsys):
     ("0-7", "uniform", 900, 1030), ("0-7", "hot-channel", 240, 260),
     ("0", "uniform", 230, 260), ("0", "hot-channel", 30, 33),
 ])
-def test_bench_hbm_bandwidth(capsys, pes, pattern, lo, hi):
-    d = run_json(capsys, "bench", "hbm", "--pes", pes, "--bytes", "256KiB", "--pattern", pattern)
+def test_bench_hbm_bandwidth(pes, pattern, lo, hi, cli_json):
+    d = cli_json("bench", "hbm", "--pes", pes, "--bytes", "256KiB", "--pattern", pattern)
     assert lo <= d["gbps"] <= hi
     assert set(d["per_pe_gbps"]) == {str(p) for p in parse_pes(pes)}
     assert {"latency_ns", "events", "wall_s"} <= set(d)
 
 
-def test_bench_traffic_json(capsys):
+def test_bench_traffic_json(cli_json):
     argv = ("bench", "traffic", "--pattern", "hotspot", "--messages", "12", "--bytes", "4KiB", "--seed", "3")
-    d = run_json(capsys, *argv)
+    d = cli_json(*argv)
     pairs = [(m["src"], m["dst"]) for m in d["messages"]]
     assert pairs == pattern_pairs("hotspot", 256, 12, 3)
     assert d["latency_ns"] == pytest.approx(max(m["finish_ns"] for m in d["messages"]))
     assert {"events", "wall_s"} <= set(d)
 
 
-def test_bench_writes_trace(capsys, tmp_path):
+def test_bench_writes_trace(tmp_path):
     path = tmp_path / "trace.tsv"
     assert main(["bench", "hbm", "--pes", "2", "--bytes", "4KiB", "--trace", str(path)]) == 0
     lines = path.read_text().splitlines()
@@ -156,5 +141,5 @@ def test_bench_writes_trace(capsys, tmp_path):
     (["bench", "traffic", "--messages", "0"], "--messages"),
     (["bench", "nope"], "nope"),
 ])
-def test_errors_exit_2_naming_the_argument(capsys, argv, named):
-    assert named in run_error(capsys, *argv)
+def test_errors_exit_2_naming_the_argument(argv, named, cli_error):
+    assert named in cli_error(*argv)

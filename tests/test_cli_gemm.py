@@ -1,5 +1,4 @@
 """``kbtorch bench gemm``: the report, its JSON, the tiling options, --check and bad input."""
-import json
 import math
 
 import pytest
@@ -13,23 +12,8 @@ KEYS = {"latency_ns", "tflops", "pct_peak", "analytic_ns", "analytic_pct_peak", 
         "composite", "events", "wall_s"}
 
 
-def run_json(capsys, *argv) -> dict:
-    assert main([*argv, "--json"]) == 0
-    out, err = capsys.readouterr()
-    assert err == ""
-    return json.loads(out)
-
-
-def run_error(capsys, *argv) -> str:
-    assert main(list(argv)) == 2
-    out, err = capsys.readouterr()
-    assert out == ""
-    assert err.startswith("kbtorch: error: ") and "Traceback" not in err
-    return err
-
-
-def test_json_keys_and_figures(capsys):
-    d = run_json(capsys, *SMALL)
+def test_json_keys_and_figures(cli_json):
+    d = cli_json(*SMALL)
     assert KEYS <= set(d)
     assert (d["m"], d["n"], d["k"], d["dtype"]) == (256, 256, 256, "f16")
     assert d["latency_ns"] > 0 and d["analytic_ns"] > 0 and d["events"] > 0 and d["wall_s"] > 0
@@ -71,29 +55,29 @@ def test_help_says_timing_only_by_default(capsys):
     assert "timing-only" in out and "--check" in out and "torch.matmul" in out
 
 
-def test_odd_shape(capsys):
-    d = run_json(capsys, *ODD)
+def test_odd_shape(cli_json):
+    d = cli_json(*ODD)
     assert d["latency_ns"] > 0 and d["tflops"] == pytest.approx(2 * 100 * 70 * 50 / d["latency_ns"] / 1000)
     grid, tile = d["tiling"]["grid"], d["tiling"]["tile"]
     assert grid[0] <= 100 and grid[1] <= 70 and grid[2] <= 50 and min(tile) >= 1
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "fp32"])
-def test_check_allclose_each_dtype(capsys, dtype):
-    d = run_json(capsys, *SMALL, "--dtype", dtype, "--check")
+def test_check_allclose_each_dtype(dtype, cli_json):
+    d = cli_json(*SMALL, "--dtype", dtype, "--check")
     assert d["dtype"] == dtype and d["timing_only"] is False
     assert d["allclose"] is True and 0 <= d["max_abs_err"] <= d["atol"]
 
 
 @pytest.mark.parametrize("extra", [(), ("--grid", "2,2,2"), ("--no-composite",)])
-def test_check_odd_shape(capsys, extra):
-    d = run_json(capsys, *ODD, "--check", *extra)
+def test_check_odd_shape(extra, cli_json):
+    d = cli_json(*ODD, "--check", *extra)
     assert d["allclose"] is True
 
 
-def test_check_and_timing_only_give_the_same_latency(capsys):
-    timing = run_json(capsys, *ODD)
-    checked = run_json(capsys, *ODD, "--check")
+def test_check_and_timing_only_give_the_same_latency(cli_json):
+    timing = cli_json(*ODD)
+    checked = cli_json(*ODD, "--check")
     assert checked["latency_ns"] == timing["latency_ns"] and checked["tiling"] == timing["tiling"]
 
 
@@ -102,32 +86,32 @@ def test_check_and_timing_only_give_the_same_latency(capsys):
     ("bench", "gemm", "--m", "256", "--n", "256", "--k", "256", "--pes", "0-7", "--tile", "64,64,64"),
     ODD,
 ])
-def test_no_composite_is_not_faster(capsys, argv):
-    composite = run_json(capsys, *argv)
-    chained = run_json(capsys, *argv, "--no-composite")
+def test_no_composite_is_not_faster(argv, cli_json):
+    composite = cli_json(*argv)
+    chained = cli_json(*argv, "--no-composite")
     assert chained["composite"] is False and chained["tiling"] == composite["tiling"]
     assert chained["latency_ns"] >= composite["latency_ns"]
     assert {"dma_rd", "dma_wr", "gemm"} <= set(chained["engines"])
 
 
-def test_tile_and_grid_given(capsys):
-    d = run_json(capsys, *SMALL, "--tile", "64,128,32", "--grid", "2,2,1")
+def test_tile_and_grid_given(cli_json):
+    d = cli_json(*SMALL, "--tile", "64,128,32", "--grid", "2,2,1")
     assert d["tiling"] == {"grid": [2, 2, 1], "tile": [64, 128, 32]} and d["tiling_source"] == "given"
     assert d["pes_used"] == 4 and d["peak_tflops"] == pytest.approx(32)
 
 
-def test_tile_alone_uses_every_pe_in_a_square_grid(capsys):
-    d = run_json(capsys, *SMALL, "--tile", "64,64,128")
+def test_tile_alone_uses_every_pe_in_a_square_grid(cli_json):
+    d = cli_json(*SMALL, "--tile", "64,64,128")
     assert d["tiling"] == {"grid": [2, 4, 1], "tile": [64, 64, 128]} and d["pes_used"] == 8
 
 
-def test_tile_is_clipped_to_the_block(capsys):
-    d = run_json(capsys, *SMALL, "--tile", "4096,4096,4096")
+def test_tile_is_clipped_to_the_block(cli_json):
+    d = cli_json(*SMALL, "--tile", "4096,4096,4096")
     assert d["tiling"] == {"grid": [2, 4, 1], "tile": [128, 64, 256]} and "clipped" in d["tiling_source"]
 
 
-def test_grid_alone_uses_tiles_of_at_most_256(capsys):
-    d = run_json(capsys, "bench", "gemm", "--m", "1024", "--n", "100", "--k", "600", "--pes", "0-3", "--grid", "2,1,2")
+def test_grid_alone_uses_tiles_of_at_most_256(cli_json):
+    d = cli_json("bench", "gemm", "--m", "1024", "--n", "100", "--k", "600", "--pes", "0-3", "--grid", "2,1,2")
     assert d["tiling"] == {"grid": [2, 1, 2], "tile": [256, 100, 256]}
 
 
@@ -139,23 +123,23 @@ def test_square_grid():
     assert _square_grid(8, 2, 2) is None
 
 
-def test_flit_exact_close_to_fast(capsys):
+def test_flit_exact_close_to_fast(cli_json):
     argv = ("bench", "gemm", "--m", "64", "--n", "64", "--k", "128", "--pes", "0-1")
-    fast = run_json(capsys, *argv)
-    exact = run_json(capsys, *argv, "--flit-exact")
+    fast = cli_json(*argv)
+    exact = cli_json(*argv, "--flit-exact")
     assert exact["mode"] == "flit" and exact["events"] > fast["events"]
     assert exact["latency_ns"] == pytest.approx(fast["latency_ns"], rel=0.05)
 
 
-def test_trace(capsys, tmp_path):
+def test_trace(tmp_path):
     path = tmp_path / "gemm.tsv"
     assert main(["bench", "gemm", "--m", "64", "--n", "64", "--k", "64", "--pes", "0", "--trace", str(path)]) == 0
     text = path.read_text()
     assert text.startswith("#") and "sip0.cube0.pe0.gemm" in text
 
 
-def test_gemv_on_all_pes(capsys):
-    d = run_json(capsys, "bench", "gemm", "--m", "1", "--n", "2048", "--k", "512", "--grid", "1,256,1")
+def test_gemv_on_all_pes(cli_json):
+    d = cli_json("bench", "gemm", "--m", "1", "--n", "2048", "--k", "512", "--grid", "1,256,1")
     assert d["pes_used"] == 256 and d["tiling"]["tile"] == [1, 8, 256]
     assert math.isclose(d["peak_tflops"], 2048)
 
@@ -176,5 +160,5 @@ def test_gemv_on_all_pes(capsys):
     ([*SMALL[:-1], "0,300"], "PE 300"),
     (["bench", "gemm", "--m", "2048", "--n", "2048", "--k", "2048", "--pes", "0", "--tile", "2048,2048,2048"], "--tile"),
 ])
-def test_errors_exit_2_naming_the_argument(capsys, argv, named):
-    assert named in run_error(capsys, *argv)
+def test_errors_exit_2_naming_the_argument(argv, named, cli_error):
+    assert named in cli_error(*argv)

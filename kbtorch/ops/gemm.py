@@ -78,19 +78,10 @@ class GemmRun:
 
 
 def _peaks(machine, pes: list, dtype: str) -> tuple[float, float]:
+    """(f16-or-dtype TFLOP/s, HBM GB/s) peaks of the PEs used."""
     g = machine.graph
     tflops = sum(g.nodes[machine.pes[p].node("gemm")]["params"]["tflops"][dtype] for p in pes)
-    ctrls: dict = {}
-    for p in pes:
-        s = machine.pes[p].hbm
-        ctrl = next(iter(g.successors(s)))
-        prm = g.nodes[s]["params"]
-        ctrls.setdefault(ctrl, []).append(min(prm["channels"] * prm["channel_gbps"], g.edges[s, ctrl]["bw_gbps"]))
-    hbm = 0.0
-    for ctrl, slices in ctrls.items():
-        up = sum(g.edges[ctrl, v]["bw_gbps"] for v in g.successors(ctrl) if g.nodes[v]["transit"])
-        hbm += min(sum(slices), up)
-    return tflops, hbm
+    return tflops, machine.hbm_gbps(pes)
 
 
 def simulate(machine, m, n, k, dtype, pes, tiling, composite=True, mode="fast", trace=False) -> RunResult:

@@ -40,13 +40,10 @@ class GemmEstimate:
 def _hbm_gbps(machine, pe: int, active: dict) -> float:
     """HBM bandwidth (GB/s) PE ``pe`` gets from its own slice with ``active`` slices per
     controller streaming."""
-    g, info = machine.graph, machine.pes[pe]
-    slice_ = info.hbm
-    p = g.nodes[slice_]["params"]
-    ctrl = next(iter(g.successors(slice_)))
-    up = sum(g.edges[ctrl, v]["bw_gbps"] for v in g.successors(ctrl) if g.nodes[v]["transit"])
-    ingress = g.edges[next(iter(g.predecessors(info.node("dma_rd")))), info.node("dma_rd")]["bw_gbps"]
-    return min(p["channels"] * p["channel_gbps"], g.edges[slice_, ctrl]["bw_gbps"], up / active[ctrl], ingress)
+    g, rd = machine.graph, machine.pes[pe].node("dma_rd")
+    ctrl, own, up = machine.hbm_port(pe)
+    ingress = g.edges[next(iter(g.predecessors(rd))), rd]["bw_gbps"]
+    return min(own, up / active[ctrl], ingress)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -62,10 +59,10 @@ def _round_trip_ns(machine, pe: int) -> float:
 def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: GemmTiling) -> GemmEstimate:
     """The ideal-pipeline latency of the GEMM under ``tiling``."""
     shards = plan(m, n, k, pes[: tiling.grid[0] * tiling.grid[1] * tiling.grid[2]], tiling)
-    g, eb = machine.graph, DTYPES[dtype]
+    eb = DTYPES[dtype]
     active: dict = {}
     for s in shards:
-        ctrl = next(iter(g.successors(machine.pes[s.pe].hbm)))
+        ctrl = machine.hbm_port(s.pe)[0]
         active[ctrl] = active.get(ctrl, 0) + 1
     issue = machine.issue.cmd_ps(104) / 1000 + 3
     worst, seen = None, set()

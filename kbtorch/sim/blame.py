@@ -42,11 +42,3 @@ def segments(chain) -> list[tuple]:
         chain = chain[3]
     out.reverse()
     return out
-
-
-def by_element(chain) -> dict:
-    """Picoseconds per ``(element, cause)``, in path order."""
-    out: dict = {}
-    for element, cause, ps in segments(chain):
-        out[(element, cause)] = out.get((element, cause), 0) + ps
-    return out

@@ -115,6 +115,25 @@ class Machine:
             raise TopologyError(self.path, "route", f"'{node}' (PE {g.nodes[node].get('pe')}) is disconnected: no link {'to' if way == 'out' else 'from'} the network")
         return transit[0]
 
+    def hbm_port(self, pe: int) -> tuple[str, float, float]:
+        """(controller, slice GB/s, controller uplink GB/s) of PE ``pe``'s HBM slice: the
+        slice delivers the lesser of its channels and its port; the controller's links to the
+        network are shared by all its slices."""
+        g, hbm = self.graph, self.pes[pe].hbm
+        p = g.nodes[hbm]["params"]
+        ctrl = next(iter(g.successors(hbm)))
+        own = min(p.get("channels", 1) * p["channel_gbps"], g.edges[hbm, ctrl]["bw_gbps"])
+        up = sum(g.edges[ctrl, v]["bw_gbps"] for v in g.successors(ctrl) if g.nodes[v]["transit"])
+        return ctrl, own, up
+
+    def hbm_gbps(self, pes) -> float:
+        """Aggregate HBM bandwidth (GB/s) the slices of ``pes`` can deliver together."""
+        ctrls: dict = {}
+        for pe in pes:
+            ctrl, own, up = self.hbm_port(pe)
+            ctrls.setdefault(ctrl, [0.0, up])[0] += own
+        return sum(min(own, up) for own, up in ctrls.values())
+
     def route(self, src: str, dst: str) -> tuple[str, ...]:
         return self.router.route(src, dst)
 
@@ -134,7 +153,7 @@ class Machine:
         tflops = sum(g.nodes[pe.node("gemm")]["params"].get("tflops", {}).get("f16", 0.0) for pe in self.pes)
         hbm = [d for _, d in g.nodes(data=True) if d["kind"] == "hbm"]
         sram = [d for _, d in g.nodes(data=True) if d["kind"] == "sram"]
-        hbm_gbps = _memory_gbps(g, "hbm")
+        hbm_gbps = self.hbm_gbps([pe.id for pe in self.pes if pe.hbm])
         return {
             "name": self.name, "path": self.path, "pes": len(self.pes),
             "nodes": len(g), "edges": g.number_of_edges(),
@@ -145,26 +164,6 @@ class Machine:
             "sram_mib_total": sum(d["params"].get("capacity_mib", 0) for d in sram),
             "links": dict(sorted(links.items())),
         }
-
-
-def _memory_gbps(g, kind: str) -> float:
-    """Deliverable bandwidth of all memories of a kind: per memory the smaller of its channels
-    and its link, then per shared transit link (a controller port) capped at that link."""
-    total = 0.0
-    by_port: dict = {}
-    for n, d in g.nodes(data=True):
-        if d["kind"] != kind:
-            continue
-        p = d["params"]
-        out = list(g.successors(n))
-        link = sum(g.edges[n, v]["bw_gbps"] for v in out)
-        own = min(p.get("channels", 1) * p.get("channel_gbps", link), link)
-        port = out[0] if len(out) == 1 else n
-        by_port.setdefault(port, []).append(own)
-    for port, owns in by_port.items():
-        cap = sum(g.edges[port, v]["bw_gbps"] for v in g.successors(port) if g.nodes[v]["transit"]) if g.nodes[port]["transit"] else None
-        total += min(sum(owns), cap) if cap else sum(owns)
-    return total
 
 
 def topology_path(name_or_path: str) -> str:
