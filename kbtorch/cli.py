@@ -21,6 +21,7 @@ from .sim.simulator import Simulator
 from .sim.traffic import PATTERNS, pattern_messages, pattern_pairs
 from .topology.machine import load_machine
 from .cli_common import _pe_arg, _pes_arg, _run_info, _write_trace
+from .cli_collective import add_collective_parsers
 from .cli_gemm import GEMM_DTYPES, GEMM_HELP, _cmd_gemm
 from .units import fmt_bytes, fmt_ns, parse_bytes
 
@@ -111,6 +112,7 @@ def _bench_parsers(bench, common) -> None:
                           help="also compute C from random inputs and compare it with torch.matmul")
     p.add_argument("--flit-exact", action="store_true", help="one event per flit (reference mode)")
     p.set_defaults(func=_cmd_gemm)
+    add_collective_parsers(bench, [common], _byte_count)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,9 @@ buffers, and queues commands for that PE's engines (the Dataflow ISA of Maia 200
 - ``composite`` (a tiled DMA_READ -> FETCH -> GEMM/MATH -> STORE -> DMA_WRITE pipeline).
 
 Every command takes ``wait=`` and ``signal=``: up to two semaphores each, given as names
-(threshold 1, decrement 1 / increment 1) or as ``Wait``/``Signal``. The programs then run on
+(threshold 1, decrement 1 / increment 1) or as ``Wait``/``Signal``; DMA and composite
+commands also take ``notify=[(pe, sem), ...]``, semaphores of other PEs raised when their
+data has landed. The programs then run on
 a fresh simulator; the result is the simulator's ``RunResult``.
 """
 from __future__ import annotations
@@ -57,13 +59,13 @@ class PEContext:
         self.commands.append(cmd)
         return cmd
 
-    def dma_read(self, src, dst, nbytes: int, *, stride: int = 0, wait=(), signal=(), label="dma_read"):
+    def dma_read(self, src, dst, nbytes: int, *, stride: int = 0, wait=(), signal=(), notify=(), label="dma_read"):
         return self._add(Dma(_loc(src), _loc(dst), nbytes, engine="dma_rd", src_stride=stride,
-                             waits=_waits(wait), signals=_signals(signal), label=label))
+                             waits=_waits(wait), signals=_signals(signal), notify=tuple(notify), label=label))
 
-    def dma_write(self, src, dst, nbytes: int, *, stride: int = 0, wait=(), signal=(), label="dma_write"):
+    def dma_write(self, src, dst, nbytes: int, *, stride: int = 0, wait=(), signal=(), notify=(), label="dma_write"):
         return self._add(Dma(_loc(src), _loc(dst), nbytes, engine="dma_wr", dst_stride=stride,
-                             waits=_waits(wait), signals=_signals(signal), label=label))
+                             waits=_waits(wait), signals=_signals(signal), notify=tuple(notify), label=label))
 
     def fetch(self, nbytes: int, *, engine: str = "gemm", wait=(), signal=(), label="fetch"):
         return self._add(Fetch(nbytes, engine=engine, waits=_waits(wait), signals=_signals(signal), label=label))
@@ -87,9 +89,10 @@ class PEContext:
         return self._add(Send(dst_pe=dst_pe, sem=sem, nbytes=nbytes, waits=_waits(wait), signals=_signals(signal),
                               label=label or f"send to PE {dst_pe}"))
 
-    def composite(self, *, wait=(), signal=(), label="composite", **fields):
+    def composite(self, *, wait=(), signal=(), notify=(), label="composite", **fields):
         """A ``Composite`` command (see kbtorch.sim.commands.Composite for the fields)."""
-        return self._add(Composite(waits=_waits(wait), signals=_signals(signal), label=label, **fields))
+        return self._add(Composite(waits=_waits(wait), signals=_signals(signal), notify=tuple(notify),
+                                   label=label, **fields))
 
 
 def build(kernel, pes, machine, *args, name: str | None = None) -> dict:

@@ -1,7 +1,10 @@
 """The commands a PE's engines execute (the Dataflow ISA of Maia 200's Fig. 2).
 
 Every command may wait on up to two semaphores before it starts (value >= threshold, then
-the value drops by ``dec``) and signal up to two when it ends. ``desc_bytes`` is the
+the value drops by ``dec``) and signal up to two when it ends. A DMA or composite command may
+also ``notify`` other PEs: each ``(pe, sem)`` entry raises semaphore ``sem`` of PE ``pe`` by
+one when the command's data has been committed (Maia 200's remote semaphore increment
+together with data transmission). ``desc_bytes`` is the
 command's hardware-logical descriptor size, which sets its issue cost on the control
 processor (``d_cmd = FIXED + desc_bytes * R``). Addresses are byte offsets inside a memory
 node (an HBM slice, an SRAM, or a PE's TCM).
@@ -51,6 +54,7 @@ class Command:
     signals: tuple = field(default=(), kw_only=True)
     label: str = field(default="", kw_only=True)
     desc: int = field(default=0, kw_only=True)
+    notify: tuple = field(default=(), kw_only=True)
 
     engine = ""
     DESC_BYTES = COMPUTE_DESC_BYTES
@@ -59,6 +63,9 @@ class Command:
         for name, items, kind in (("waits", self.waits, Wait), ("signals", self.signals, Signal)):
             if len(items) > 2 or not all(isinstance(x, kind) for x in items):
                 raise ValueError(f"{self.describe()}: {name} takes up to two {kind.__name__} entries, got {items!r}")
+        if not all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], int) and isinstance(x[1], str)
+                   for x in self.notify):
+            raise ValueError(f"{self.describe()}: notify takes (pe, semaphore) pairs, got {self.notify!r}")
 
     @property
     def desc_bytes(self) -> int:

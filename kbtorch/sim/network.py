@@ -26,6 +26,7 @@ benchmark ``benchmarks/bench_network.py`` measures the error.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from heapq import heappush
 from math import ceil
 
@@ -34,9 +35,35 @@ from simpy.events import Event
 from .calendar import avail, forget, occupy
 from .engine import EDGE, NODE
 
-TRAINS = 32
-MIN_TRAIN = 4
-LONG = 512
+
+@dataclass(frozen=True)
+class TrainPolicy:
+    """How a message is cut into trains (see ``Network.chunks``).
+
+    ``chunk_flits``: largest train; ``trains``: about how many trains a long message makes;
+    ``long_flits``: from this size on a message is long; ``min_train``: train size of a short
+    message; ``tail_flits``: the last train is halved down to this many flits; ``reserve``:
+    a train commits every link of its path when it is sent (one event per train, see
+    ``Network._reserve``) instead of link by link as it gets there.
+    """
+
+    chunk_flits: int
+    trains: int = 32
+    long_flits: int = 512
+    min_train: int = 4
+    tail_flits: int = 1
+    reserve: bool = False
+
+
+#: ``flit`` is the reference; ``fast`` the default; ``coarse`` moves a message of up to 4096
+#: flits (1 MiB) as one train that reserves its whole path when sent, for runs that move
+#: hundreds of GiB (large collectives); its error against ``fast`` is measured by
+#: ``benchmarks/bench_collectives.py``.
+MODES = {
+    "flit": TrainPolicy(1),
+    "fast": TrainPolicy(128),
+    "coarse": TrainPolicy(4096, trains=1, long_flits=1, min_train=4096, tail_flits=4096, reserve=True),
+}
 
 
 class Link:
@@ -95,14 +122,16 @@ class Message:
 class Network:
     """All links of one run, and the train mechanics that move messages across them."""
 
-    def __init__(self, engine, machine, chunk_flits: int):
-        if chunk_flits < 1:
-            raise ValueError(f"chunk_flits must be at least 1, got {chunk_flits}")
-        self.engine, self.machine, self.chunk_flits = engine, machine, chunk_flits
+    def __init__(self, engine, machine, policy: TrainPolicy):
+        if policy.chunk_flits < 1:
+            raise ValueError(f"chunk_flits must be at least 1, got {policy.chunk_flits}")
+        self.engine, self.machine, self.policy = engine, machine, policy
+        self.chunk_flits = policy.chunk_flits
         self.flit_bytes = machine.flit_bytes
         self._links: dict = {}
         self._paths: dict = {}
-        self._hop_cb = [self._hop]
+        self._hop_cb = [self._reserve if policy.reserve else self._hop]
+        self._arrive_cb = [self._arrive]
 
     def link(self, u: str, v: str) -> Link:
         key = (u, v)
@@ -130,20 +159,21 @@ class Network:
     def chunks(self, n_flits: int):
         """(first flit, flit count) of each train of a message of ``n_flits``.
 
-        NOTE: a message of at least ``LONG`` flits moves as about ``TRAINS`` trains (up to
-        ``chunk_flits`` flits each), so that its cost in events does not grow with its size;
-        a shorter one moves in trains of ``MIN_TRAIN`` flits, since its finish time is more
+        NOTE: a message of at least ``long_flits`` flits moves as about ``trains`` trains (up
+        to ``chunk_flits`` flits each), so that its cost in events does not grow with its size;
+        a shorter one moves in trains of ``min_train`` flits, since its finish time is more
         sensitive to the train-by-train interleaving of a contended link. The last train is
-        halved down to one flit so that streams sharing a link finish as close together as
-        flit by flit.
+        halved down to ``tail_flits`` (fast mode: one flit) so that streams sharing a link
+        finish as close together as flit by flit.
         """
-        c = min(self.chunk_flits, MIN_TRAIN if n_flits < LONG else -(-n_flits // TRAINS))
+        pol = self.policy
+        c = min(pol.chunk_flits, pol.min_train if n_flits < pol.long_flits else -(-n_flits // pol.trains))
         sizes = []
         rest = n_flits
         while rest > c:
             sizes.append(c)
             rest -= c
-        while rest > 1:
+        while rest > max(1, pol.tail_flits):
             half = rest // 2
             sizes.append(rest - half)
             rest = half
@@ -187,13 +217,40 @@ class Network:
 
     def _hop(self, tr: Train) -> None:
         """The head of ``tr`` reaches the input of its next link: serialise it there."""
+        self._cross(tr)
+        if tr.hop + 1 < len(tr.msg.hops):
+            tr.hop += 1
+            tr.callbacks = self._hop_cb
+            eng = self.engine
+            heappush(eng._queue, (tr.head, EDGE, next(eng._eid), tr))
+            return
+        self._arrive(tr)
+
+    def _reserve(self, tr: Train) -> None:
+        """Reservation mode: cross every link of the path now, then arrive in one event.
+
+        NOTE: the links downstream are committed ahead of time (their calendars take the
+        train in the order trains are sent, not the order they reach the link), which
+        costs one event per train instead of one per hop."""
+        hops = len(tr.msg.hops)
+        while True:
+            self._cross(tr)
+            if tr.hop + 1 == hops:
+                break
+            tr.hop += 1
+        tr.callbacks = self._arrive_cb
+        eng = self.engine
+        heappush(eng._queue, (tr.head, EDGE, next(eng._eid), tr))
+
+    def _cross(self, tr: Train) -> None:
+        """Serialise ``tr`` on link ``tr.hop`` of its path and move it past the node it enters."""
         msg, j = tr.msg, tr.hop
         hop = msg.hops[j]
         link = hop.link
         n, head, tail, chain, ser = tr.n, tr.head, tr.tail, tr.chain, link.flit_ps
         ts = link.ts
-        if ts and ts[-1] > head:
-            head_out, tail_out = _shared(link, head, tail, n, ser)
+        if self.policy.reserve or (ts and ts[-1] > head):
+            head_out, tail_out = _shared(link, head, tail, n, ser, self.engine.now if self.policy.reserve else None)
             if tail_out > tail + ser:
                 cause = "queue" if link.last_corr != msg.corr else "link"
                 chain = (link.key, cause, tail_out - tail - ser, chain)
@@ -208,18 +265,16 @@ class Network:
         eng = self.engine
         if eng.trace is not None:
             eng.record(msg.corr, link.key, "hop", head, tail_out, f"flits {tr.first}+{n}")
-        last_train = tr.first + n == msg.n_flits
         if j == 0:
             if msg.backlog is not None:
                 self._next_train(msg)
-            elif last_train and msg.on_sent is not None:
+            elif tr.first + n == msg.n_flits and msg.on_sent is not None:
                 eng.at(tail_out, msg.on_sent, tail_out, (link.key, "link", ser, chain))
         tr.head, tr.tail, tr.chain = head_out + hop.delay, tail_out + hop.delay, (hop, "hop", hop.total, chain)
-        if j + 1 < len(msg.hops):
-            tr.hop = j + 1
-            tr.callbacks = self._hop_cb
-            heappush(eng._queue, (tr.head, EDGE, next(eng._eid), tr))
-            return
+
+    def _arrive(self, tr: Train) -> None:
+        """``tr`` has reached the last node of its path: deliver it there."""
+        msg, eng = tr.msg, self.engine
         t, chain = msg.deliver(tr)
         if t > msg.done_t:
             msg.done_t, msg.done_chain = t, chain
@@ -229,9 +284,26 @@ class Network:
             eng.at(msg.done_t, msg.on_done, msg.done_t, msg.done_chain)
 
 
-def _shared(link: Link, head: int, tail: int, n: int, ser: int) -> tuple[int, int]:
-    """Serialise a train on a link that has committed use after ``head``."""
+def _shared(link: Link, head: int, tail: int, n: int, ser: int, now=None) -> tuple[int, int]:
+    """Serialise a train on a link that has committed use after ``head``.
+
+    ``now``: reservation mode, where commitments may lie before ``head``; only the past
+    before ``now`` is forgotten."""
     ts, us = link.ts, link.us
+    if now is not None:
+        if not ts:
+            ts.append(head)
+        elif head < ts[0]:
+            ts.insert(0, head)
+            us.insert(0, 0.0)
+        forget(ts, us, min(now, head))
+        if not us:
+            ts.append(head)
+            us.append(0.0)
+        head_out = ceil(avail(ts, us, head, ser))
+        tail_out = max(ceil(avail(ts, us, head, n * ser)), tail + ser)
+        occupy(ts, us, head, tail_out, n * ser)
+        return head_out, tail_out
     if len(us) == 1 and us[0] >= 1.0:
         end = ts[1]
         head_out, tail_out = end + ser, max(end + n * ser, tail + ser)

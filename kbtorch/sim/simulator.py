@@ -1,7 +1,8 @@
 """One simulation run: the engine, the network, memories and PEs of a compiled machine.
 
 ``mode="flit"`` moves every flit as its own event (the reference); ``mode="fast"`` (default)
-moves trains of ``chunk_flits`` flits (default 128). A run's latency is the time of its last
+moves trains of up to 128 flits; ``mode="coarse"`` trains of up to 4096 flits, for runs too
+large for the fast mode (see ``network.MODES``). A run's latency is the time of its last
 completion, and its attribution is the chain of that completion (see ``blame``).
 """
 from __future__ import annotations
@@ -14,9 +15,8 @@ from .components.dma import DmaModel
 from .components.memory import Memory
 from .components.pe import PEModel
 from .engine import Engine
-from .network import Network, arrive
+from .network import MODES, Network, TrainPolicy, arrive
 
-CHUNK_FLITS = {"fast": 128, "flit": 1}
 
 
 class SimulationStuck(RuntimeError):
@@ -70,11 +70,12 @@ class Simulator:
     """A single run on ``machine``; create a new one for each run."""
 
     def __init__(self, machine, mode: str = "fast", chunk_flits: int | None = None, trace: bool = False):
-        if mode not in CHUNK_FLITS:
-            raise ValueError(f"unknown mode '{mode}' (expected one of {sorted(CHUNK_FLITS)})")
+        if mode not in MODES:
+            raise ValueError(f"unknown mode '{mode}' (expected one of {sorted(MODES)})")
         self.machine, self.mode = machine, mode
         self.engine = Engine(trace=trace)
-        self.network = Network(self.engine, machine, chunk_flits or CHUNK_FLITS[mode])
+        policy = MODES[mode] if chunk_flits is None else TrainPolicy(chunk_flits)
+        self.network = Network(self.engine, machine, policy)
         self.dma = DmaModel(self)
         self._pes: dict[int, PEModel] = {}
         self._mems: dict[str, Memory | None] = {}

@@ -68,18 +68,22 @@ class CompositeRun:
 
     def _ready(self, s: int, i: int):
         """(time, chain) at which stage ``s`` may take tile ``i``, or None if not yet."""
-        needs = [self.start]
-        if s > 0:
-            needs.append(self.done[s - 1][i])
-        if i > 0:
-            needs.append(self.freed[s][i - 1])
-        if s + 1 < len(self.stages) and i >= self.cmd.buffers:
-            needs.append(self.done[s + 1][i - self.cmd.buffers])
-        if self.prev is not None and i < self.cmd.buffers:
-            needs += self.prev.handover(self.stages[s], i, self.cmd.buffers)
-        if any(n is None for n in needs):
-            return None
-        return max(needs, key=lambda n: n[0])
+        best = self.start
+        buffers = self.cmd.buffers
+        for need in (self.done[s - 1][i] if s > 0 else best,
+                     self.freed[s][i - 1] if i > 0 else best,
+                     self.done[s + 1][i - buffers] if s + 1 < len(self.stages) and i >= buffers else best):
+            if need is None:
+                return None
+            if need[0] > best[0]:
+                best = need
+        if self.prev is not None and i < buffers:
+            for need in self.prev.handover(self.stages[s], i, buffers):
+                if need is None:
+                    return None
+                if need[0] > best[0]:
+                    best = need
+        return best
 
     def hand_over(self) -> None:
         """Let the engine queue start the next command early if it is a composite and this

@@ -13,23 +13,43 @@ from __future__ import annotations
 from ..network import arrive
 
 
+def data_path(machine, src: str, dst: str) -> tuple:
+    """Full node path of DMA data from memory ``src`` to memory ``dst``: a TCM is left
+    through its PE's DMA write engine and entered through its DMA read engine."""
+    g = machine.graph
+
+    def port(tcm: str, role: str) -> str:
+        return machine.pes[g.nodes[tcm]["pe"]].node(role)
+
+    start = port(src, "dma_wr") if g.nodes[src]["kind"] == "tcm" else src
+    end = port(dst, "dma_rd") if g.nodes[dst]["kind"] == "tcm" else dst
+    prefix = (src,) if start != src else ()
+    suffix = (dst,) if end != dst else ()
+    return prefix + machine.route(start, end) + suffix
+
+
 class DmaModel:
     """Path construction and the request/stream/commit steps of DMA commands."""
 
     def __init__(self, sim):
         self.sim = sim
         self.g = sim.machine.graph
-
-    def _pe_node(self, tcm: str, role: str) -> str:
-        return self.sim.machine.pes[self.g.nodes[tcm]["pe"]].node(role)
+        self._paths: dict = {}
 
     def data_path(self, src: str, dst: str) -> tuple:
-        """Full node path of the data from memory ``src`` to memory ``dst``."""
-        start = self._pe_node(src, "dma_wr") if self.g.nodes[src]["kind"] == "tcm" else src
-        end = self._pe_node(dst, "dma_rd") if self.g.nodes[dst]["kind"] == "tcm" else dst
-        prefix = (src,) if start != src else ()
-        suffix = (dst,) if end != dst else ()
-        return prefix + self.sim.machine.route(start, end) + suffix
+        """Full node path of the data from memory ``src`` to memory ``dst`` (cached)."""
+        path = self._paths.get((src, dst))
+        if path is None:
+            path = self._paths[(src, dst)] = data_path(self.sim.machine, src, dst)
+        return path
+
+    def data_path_route(self, src: str, dst: str) -> tuple:
+        """The routed path between two nodes (cached)."""
+        key = ("route", src, dst)
+        path = self._paths.get(key)
+        if path is None:
+            path = self._paths[key] = self.sim.machine.route(src, dst)
+        return path
 
     def check(self, pe, cmd) -> None:
         for loc in (cmd.src, cmd.dst):
@@ -66,7 +86,7 @@ class DmaModel:
             net.send(data, t, chain)
             return
         port = path[1] if self.g.nodes[move.src.node]["kind"] == "tcm" else path[0]
-        req = net.message(self.sim.machine.route(engine, port), 1, arrive,
+        req = net.message(self.data_path_route(engine, port), 1, arrive,
                           lambda tr, c: self.stream(data, move, tr, c), on_sent, what=f"read request {what}")
         net.send(req, t, chain)
 

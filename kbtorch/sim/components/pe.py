@@ -192,6 +192,8 @@ class PEModel:
         self.sim.engine.record(p.corr, q.node, "complete", t, t, p.cmd.describe())
         for s in p.cmd.signals:
             self.signal(s.sem, s.inc, t, chain)
+        for pe, sem in p.cmd.notify:
+            self.sim.pe(pe).signal(sem, 1, t, chain)
         self.sim.command_done(t, chain, self.info.id)
 
     def stuck(self) -> list[str]:

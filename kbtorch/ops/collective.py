@@ -1,0 +1,228 @@
+"""Collectives on the simulated PEs: all-reduce, reduce-scatter, all-gather, broadcast.
+
+Two independent passes over one schedule (``collective_plan``): the numeric pass interprets
+it on torch tensors (each member's shard), the timing pass runs the collective tile kernel
+(``collective_kernel``) on the simulator. ``nbytes`` is the per-member buffer as
+nccl-tests counts it: the whole tensor of an all-reduce, the input of a reduce-scatter, the
+output of an all-gather, the broadcast buffer. Bus bandwidth follows nccl-tests too:
+``algbw * 2(n-1)/n`` (all-reduce), ``* (n-1)/n`` (reduce-scatter, all-gather), ``* 1``
+(broadcast).
+
+``algo="auto"`` picks, like NCCL's tuner, the algorithm with the least predicted time: the
+step-by-step alpha-beta estimate of ``collective_model`` for every algorithm that applies
+to this group and payload.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..sim.network import MODES
+from ..sim.simulator import RunResult, Simulator
+from ..topology import load_machine
+from . import collective_model as model
+from .collective_group import make_grid, resolve_group
+from .collective_kernel import CollectiveKernel, packet_size
+from .collective_plan import ALGOS, KINDS, OPS, CollectiveError, reference, schedule
+
+DTYPES = {"f16": (torch.float16, 2), "bf16": (torch.bfloat16, 2), "fp32": (torch.float32, 4)}
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+              "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+#: Above this many bytes moved in all (nbytes x members x 3), ``mode="auto"`` runs coarse.
+COARSE_BYTES = 4 * 2**30
+DIRECT_MAX = 32
+
+
+@dataclass
+class CollectiveRun:
+    """A simulated collective: latency, bandwidths, the models beside it, the outputs."""
+
+    kind: str
+    algo: str
+    op: str
+    pes: tuple
+    nbytes: int
+    dtype: str
+    mode: str
+    result: RunResult
+    bound_ps: int
+    startup_ps: int
+    bottleneck: str
+    analytic_ps: int
+    candidates: dict = field(default_factory=dict)
+    root: int = 0
+    packet_bytes: int = 0
+    outputs: list | None = field(default=None, repr=False)
+
+    @property
+    def latency_ns(self) -> float:
+        return self.result.latency_ns
+
+    @property
+    def algbw_gbps(self) -> float:
+        return self.nbytes / self.latency_ns
+
+    @property
+    def busbw_gbps(self) -> float:
+        return self.algbw_gbps * BUS_FACTOR[self.kind](len(self.pes))
+
+    @property
+    def pct_bound(self) -> float:
+        return 100 * self.bound_ps / self.result.latency_ps
+
+    def as_dict(self) -> dict:
+        return {"collective": self.kind, "algo": self.algo, "members": len(self.pes),
+                "op": self.op if self.kind in ("all_reduce", "reduce_scatter") else None,
+                "root": self.root if self.kind == "broadcast" else None, "packet_bytes": self.packet_bytes,
+                "bytes": self.nbytes, "dtype": self.dtype, "mode": self.mode,
+                "latency_ns": self.latency_ns, "algbw_gbps": self.algbw_gbps, "busbw_gbps": self.busbw_gbps,
+                "bound_ns": self.bound_ps / 1000, "pct_bound": self.pct_bound, "startup_ns": self.startup_ps / 1000,
+                "bottleneck": self.bottleneck, "analytic_ns": self.analytic_ps / 1000,
+                "candidates_ns": {a: ps / 1000 for a, ps in self.candidates.items()},
+                "events": self.result.events, "wall_s": self.result.wall_s}
+
+
+def _shards(kind: str, shards, n: int, nbytes, dtype):
+    """Validate shards (one tensor per member) -> (nbytes per member, dtype name)."""
+    if shards is None:
+        if nbytes is None or nbytes <= 0:
+            raise CollectiveError("give shards, or nbytes > 0 for a timing-only run")
+        if dtype not in DTYPES:
+            raise CollectiveError(f"unknown dtype '{dtype}' (known: {', '.join(DTYPES)})")
+        return nbytes, dtype
+    if len(shards) != n:
+        raise CollectiveError(f"{kind}: {len(shards)} shards for a group of {n} members")
+    first = shards[0]
+    for i, t in enumerate(shards):
+        if t.shape != first.shape or t.dtype != first.dtype:
+            raise CollectiveError(f"{kind}: shard {i} is {tuple(t.shape)} {t.dtype}, shard 0 is "
+                                  f"{tuple(first.shape)} {first.dtype}; all shards must match")
+    names = {v[0]: k for k, v in DTYPES.items()}
+    if first.dtype not in names:
+        raise CollectiveError(f"{kind}: dtype {first.dtype} is not supported (f16, bf16, fp32)")
+    per = first.numel() * first.element_size() * (n if kind == "all_gather" else 1)
+    return per, names[first.dtype]
+
+
+def estimates(kind: str, machine, grid, nbytes: int, eb: int, root: int = 0, packet_bytes: int | None = None) -> dict:
+    """Predicted time (ps) of every algorithm that applies: ``{algo: ps}``.
+
+    NOTE: ``direct`` is left out above ``DIRECT_MAX`` members: its n x n messages cost every
+    member n - 1 command issues per phase, which no payload size makes up for there."""
+    out = {}
+    for algo in ALGOS:
+        if algo == "direct" and len(grid.pes) > DIRECT_MAX:
+            continue
+        try:
+            sched = schedule(kind, algo, grid, root)
+        except CollectiveError:
+            continue
+        if (nbytes // eb) % sched.blocks or nbytes % eb:
+            continue
+        alphas = model.step_alphas(machine, sched, grid.pes)
+        block = nbytes // sched.blocks
+        out[algo] = model.alpha_beta_ps(machine, sched, grid.pes, block, alphas, packet_bytes or packet_size(block))
+    return out
+
+
+def collective(kind: str, shards=None, *, group="all", algo: str = "auto", op: str = "sum", root: int = 0,
+               nbytes: int | None = None, dtype: str = "f16", topology="ahbm", packet_bytes: int | None = None,
+               mode: str = "auto") -> CollectiveRun:
+    """Run collective ``kind`` on the simulator (and on ``shards`` with torch, if given)."""
+    if kind not in KINDS:
+        raise CollectiveError(f"unknown collective '{kind}' (known: {', '.join(KINDS)})")
+    if op not in OPS:
+        raise CollectiveError(f"unknown reduction '{op}' (known: {', '.join(OPS)})")
+    machine = topology if hasattr(topology, "pes") else load_machine(topology)
+    pes = resolve_group(machine, group)
+    grid = make_grid(machine, pes)
+    nbytes, dtype = _shards(kind, shards, len(pes), nbytes, dtype)
+    eb = DTYPES[dtype][1]
+    if not 0 <= root < len(pes):
+        raise CollectiveError(f"broadcast root {root} is not a member rank (0..{len(pes) - 1})")
+    if mode not in ("auto", *MODES):
+        raise CollectiveError(f"unknown mode '{mode}' (known: auto, {', '.join(MODES)})")
+    if packet_bytes is not None and packet_bytes < machine.flit_bytes:
+        raise CollectiveError(f"packet_bytes={packet_bytes}: a packet is at least one flit ({machine.flit_bytes} bytes)")
+    cands = estimates(kind, machine, grid, nbytes, eb, root, packet_bytes) if algo == "auto" else {}
+    if algo == "auto":
+        if not cands:
+            raise CollectiveError(f"{kind}: no algorithm applies to {nbytes} bytes over {len(pes)} members")
+        algo = min(cands, key=lambda a: (cands[a], ALGOS.index(a)))
+    sched = schedule(kind, algo, grid, root)
+    kernel = CollectiveKernel(machine, sched, grid, nbytes, eb, dtype, op, packet_bytes)
+    programs = kernel.programs()
+    if mode == "auto":
+        mode = "coarse" if 3 * nbytes * len(pes) > COARSE_BYTES else "fast"
+    result = Simulator(machine, mode=mode).run(programs)
+    busy = model.resource_ps(machine, programs)
+    startup = model.startup_ps(machine, sched, pes)
+    worst = max(busy, key=lambda r: (busy[r], model.describe(r)))
+    bound = max(startup, busy[worst])
+    analytic = cands[algo] if algo in cands else model.alpha_beta_ps(
+        machine, sched, pes, nbytes // sched.blocks, model.step_alphas(machine, sched, pes), kernel.packet_elems * eb)
+    outputs = reference(sched, shards, op) if shards is not None else None
+    return CollectiveRun(kind, algo, op, pes, nbytes, dtype, mode, result, bound, startup,
+                         "startup" if startup >= busy[worst] else model.describe(worst), analytic, cands, root,
+                         kernel.packet_elems * eb, outputs)
+
+
+def concurrent(specs: list, *, topology="ahbm", mode: str = "fast") -> list[float]:
+    """Run several collectives at the same time on one simulator; -> each one's finish (ns).
+
+    ``specs``: dicts with ``kind``, ``group``, ``nbytes`` and optionally ``algo`` (not
+    ``auto``), ``op``, ``dtype``, ``packet_bytes``. The groups must not share a PE (each
+    PE's semaphores and buffers belong to one collective); they may share links, HBM
+    controllers and routers, and then share their bandwidth."""
+    machine = topology if hasattr(topology, "pes") else load_machine(topology)
+    programs: dict = {}
+    groups = []
+    for i, spec in enumerate(specs):
+        pes = resolve_group(machine, spec["group"])
+        taken = set(pes) & set(programs)
+        if taken:
+            raise CollectiveError(f"collective {i} ({spec['kind']}): PE {min(taken)} is already in another collective")
+        grid = make_grid(machine, pes)
+        dtype = spec.get("dtype", "f16")
+        sched = schedule(spec["kind"], spec.get("algo", "ring"), grid)
+        kernel = CollectiveKernel(machine, sched, grid, spec["nbytes"], DTYPES[dtype][1], dtype,
+                                  spec.get("op", "sum"), spec.get("packet_bytes"))
+        programs.update(kernel.programs())
+        groups.append(pes)
+    result = Simulator(machine, mode=mode).run(programs)
+    return [max(result.pe_finish_ps.get(pe, 0) for pe in pes) / 1000 for pes in groups]
+
+
+def all_reduce(shards=None, **kw) -> CollectiveRun:
+    """Every member ends with the reduction (``op``: sum or max) of all members' buffers."""
+    return collective("all_reduce", shards, **kw)
+
+
+def reduce_scatter(shards=None, **kw) -> CollectiveRun:
+    """Member i ends with block i of the reduction (torch's ``reduce_scatter_tensor`` order)."""
+    return collective("reduce_scatter", shards, **kw)
+
+
+def all_gather(shards=None, **kw) -> CollectiveRun:
+    """Every member ends with the concatenation of all members' shards, in member order."""
+    return collective("all_gather", shards, **kw)
+
+
+def broadcast(shards=None, **kw) -> CollectiveRun:
+    """Every member ends with the buffer of member ``root``."""
+    return collective("broadcast", shards, **kw)
+
+
+def torch_reference(kind: str, shards: list, op: str = "sum", root: int = 0) -> list:
+    """What torch.distributed would return on each member, computed directly."""
+    n = len(shards)
+    if kind == "all_gather":
+        return [torch.cat([s.reshape(-1) for s in shards])] * n
+    if kind == "broadcast":
+        return [shards[root].reshape(-1)] * n
+    acc = shards[0].reshape(-1).float()
+    for s in shards[1:]:
+        acc = OPS[op](acc, s.reshape(-1).float())
+    acc = acc.to(shards[0].dtype)
+    return [acc] * n if kind == "all_reduce" else list(acc.chunk(n))

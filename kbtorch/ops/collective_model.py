@@ -1,0 +1,181 @@
+"""Analytic models of a collective, reported next to the simulated time.
+
+- ``resource_ps``: the busy time every resource would need for the kernel's own traffic
+  (each link: flits x flit time; each HBM slice: bursts x burst time / channels; each
+  GEMM/MATH engine: its compute; each control processor: the issue cost of its commands).
+- ``startup_ps`` (alpha_min): the longest chain of one-flit transfers that an output
+  block depends on, each from the sender's TCM (the fastest place a value can be) to the
+  receiver (its TCM for a reduction, then fetch, one MATH element and store; its HBM for a
+  copy); and at least one command issue (``d_cmd`` of the smallest descriptor) for every
+  step in which a member sends or reduces, since its control processor issues commands one
+  at a time; plus the launch (CP and scheduler overhead). No kernel can do it faster.
+- ``bound`` = max(alpha_min, the busiest resource): the speed of light of this kernel on
+  this topology; ``pct_bound`` compares the simulation with it.
+- ``alpha_beta_ps``: the textbook estimate, step by step without overlap: each step costs
+  its alpha plus its bytes over the step's bottleneck link (the most loaded link of the
+  step's transfers, HBM reads included, divided by its bandwidth); and never less than the
+  time the busiest control processor needs to issue the kernel's commands.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from ..sim.commands import Composite, Compute, Dma, Send
+from ..sim.components.dma import data_path
+
+
+def _path_load(machine, loads: Counter, path: tuple, flits: int) -> None:
+    g = machine.graph
+    for u, v in zip(path, path[1:]):
+        loads[(u, v)] += flits * g.edges[u, v]["flit_ps"]
+
+
+def resource_ps(machine, programs: dict) -> Counter:
+    """Busy picoseconds per resource (link tuples, memory and engine node names, ``cp PE``)."""
+    pairs: Counter = Counter()
+    busy: Counter = Counter()
+    fb = machine.flit_bytes
+    flits = lambda n: max(1, -(-n // fb))  # noqa: E731
+    for pe, cmds in programs.items():
+        info = machine.pes[pe]
+        tcm = info.node("tcm")
+        for c in cmds:
+            busy[f"cp PE {pe}"] += machine.issue.cmd_ps(c.desc_bytes)
+            if isinstance(c, Dma):
+                pairs[(c.src.node, c.dst.node)] += flits(c.nbytes)
+            elif isinstance(c, Composite):
+                for mv in c.reads:
+                    pairs[(mv.loc.node, tcm)] += c.tiles * flits(mv.nbytes)
+                writes = sum(1 for i in range(c.tiles) if c.stores_after(i))
+                for mv in c.writes:
+                    pairs[(tcm, mv.loc.node)] += writes * flits(mv.nbytes)
+                eng = info.node(c.engine)
+                _path_load(machine, busy, (tcm, eng), c.tiles * flits(c.fetch_bytes) if c.fetch_bytes else 0)
+                _path_load(machine, busy, (eng, tcm), writes * flits(c.store_bytes) if c.store_bytes else 0)
+                busy[eng] += c.tiles * _compute_ps(machine, eng, c.flops, c.dtype)
+            elif isinstance(c, Compute):
+                busy[info.node(c.engine)] += _compute_ps(machine, info.node(c.engine), c.flops, c.dtype)
+            elif isinstance(c, Send):
+                pairs[(info.node("ipcq"), machine.pes[c.dst_pe].node("ipcq"))] += flits(c.nbytes)
+    g = machine.graph
+    for (src, dst), n in pairs.items():
+        path = machine.route(src, dst) if g.nodes[src]["kind"] == "ipcq" else data_path(machine, src, dst)
+        _path_load(machine, busy, path, n)
+        for node in (src, dst):
+            p = g.nodes[node]
+            if p["kind"] in ("hbm", "sram"):
+                burst_ps = round(p["params"]["burst_bytes"] * 1000 / p["params"]["channel_gbps"])
+                busy[node] += n * burst_ps // p["params"].get("channels", 1)
+    return busy
+
+
+def _compute_ps(machine, engine: str, flops: int, dtype: str) -> int:
+    rate = machine.node(engine)["params"].get("tflops", {}).get(dtype)
+    return round(flops / rate) if rate else 0
+
+
+def describe(resource) -> str:
+    return "->".join(resource) if isinstance(resource, tuple) else resource
+
+
+def _head_ps(machine, path: tuple) -> int:
+    """Uncontended time of one flit along ``path`` (links and the nodes they enter)."""
+    g = machine.graph
+    return sum(g.edges[u, v]["flit_ps"] + g.edges[u, v]["prop_ps"] + g.nodes[v]["overhead_ps"] for u, v in zip(path, path[1:]))
+
+
+def _xfer_alpha(machine, src_pe: int, dst_pe: int, reduce: bool) -> int:
+    """One flit of a transfer, from the sender's TCM to the receiver (see the docstring)."""
+    s, d = machine.pes[src_pe], machine.pes[dst_pe]
+    tcm = d.node("tcm")
+    t = _head_ps(machine, data_path(machine, s.node("tcm"), tcm if reduce else d.hbm))
+    if reduce:
+        math = d.node("math")
+        t += _head_ps(machine, (tcm, math)) + _head_ps(machine, (math, tcm)) + 1
+    return t
+
+
+def step_alphas(machine, sched, pes: tuple) -> list[int]:
+    """alpha (ps) of each step: its slowest transfer's one-flit latency."""
+    cache: dict = {}
+    out = []
+    for step in sched.steps:
+        worst = 0
+        for x in step:
+            key = (pes[x.src], pes[x.dst], x.reduce)
+            if key not in cache:
+                cache[key] = _xfer_alpha(machine, *key)
+            worst = max(worst, cache[key])
+        out.append(worst)
+    return out
+
+
+def launch_ps(machine, pe: int) -> int:
+    g, info = machine.graph, machine.pes[pe]
+    return g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"] + machine.issue.cmd_ps(32)
+
+
+def startup_ps(machine, sched, pes: tuple, alphas: list[int] | None = None) -> int:
+    """alpha_min (see the module docstring): the longest chain of one-flit transfers any
+    output block depends on, or the issue of one command per active step, whichever is
+    longer; plus the launch."""
+    cache: dict = {}
+    ready = [{b: 0 for b in sched.holds[m]} for m in range(sched.n)]
+    busy = [0] * sched.n
+    for step in sched.steps:
+        new = [dict(r) for r in ready]
+        for x in step:
+            key = (pes[x.src], pes[x.dst], x.reduce)
+            if key not in cache:
+                cache[key] = _xfer_alpha(machine, *key)
+            arrive = max(ready[x.src][b] for b in x.blocks) + cache[key]
+            for b in x.blocks:
+                new[x.dst][b] = max(new[x.dst].get(b, 0), arrive) if x.reduce else arrive
+        for m in {x.src for x in step} | {x.dst for x in step if x.reduce}:
+            busy[m] += 1
+        ready = new
+    chain = max(ready[m][b] for m in range(sched.n) for b in sched.keeps[m])
+    g, info = machine.graph, machine.pes[pes[0]]
+    launch = g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"]
+    return launch + max(chain, max(busy) * machine.issue.cmd_ps(32))
+
+
+def issue_ps(machine, sched, block_bytes: int, packet_bytes: int) -> int:
+    """Issue time of the busiest member's commands, counted from the schedule the way the
+    kernel issues them: one composite per packet it reduces, one DMA per packet it copies
+    out or sends before having reduced anything (later reduce sends ride in composites)."""
+    packets = max(1, -(-block_bytes // packet_bytes))
+    count = [0] * sched.n
+    reduced = [False] * sched.n
+    for step in sched.steps:
+        for x in step:
+            if not x.reduce or not reduced[x.src]:
+                count[x.src] += len(x.blocks) * packets
+        for x in step:
+            if x.reduce:
+                count[x.dst] += len(x.blocks) * packets
+                reduced[x.dst] = True
+    return max(count) * machine.issue.cmd_ps(64)
+
+
+def alpha_beta_ps(machine, sched, pes: tuple, block_bytes: int, alphas: list[int], packet_bytes: int) -> int:
+    """Step-synchronous alpha-beta estimate (see the module docstring)."""
+    total = launch_ps(machine, pes[0])
+    fb = machine.flit_bytes
+    g = machine.graph
+    cache: dict = {}
+    for step, alpha in zip(sched.steps, alphas):
+        loads: Counter = Counter()
+        for x in step:
+            key = (pes[x.src], pes[x.dst], x.reduce)
+            edges = cache.get(key)
+            if edges is None:
+                s, d = machine.pes[key[0]], machine.pes[key[1]]
+                path = data_path(machine, s.hbm, d.node("tcm") if x.reduce else d.hbm)
+                own = data_path(machine, d.hbm, d.node("tcm")) if x.reduce else ()
+                edges = cache[key] = [(e, g.edges[e]["flit_ps"]) for p in (path, own) for e in zip(p, p[1:])]
+            n = max(1, -(-len(x.blocks) * block_bytes // fb))
+            for e, ps in edges:
+                loads[e] += n * ps
+        total += alpha + (max(loads.values()) if loads else 0)
+    return max(total, issue_ps(machine, sched, block_bytes, packet_bytes))

@@ -1,0 +1,293 @@
+"""Collective schedules: which member sends which blocks to whom, step by step.
+
+A collective over ``n`` members cuts each member's buffer into ``blocks`` equal blocks. A
+schedule is a list of steps; a step is a list of ``Xfer``: member ``src`` sends its current
+value of some blocks to member ``dst``, which either combines it with its own (``reduce``)
+or takes it (copy). The transfers of a step read the values from before the step.
+
+The same schedule drives both passes: ``reference`` interprets it on torch tensors (the
+living definition of what the kernel computes), and ``collective_kernel`` turns it into
+per-PE commands for the simulator. Member ``i`` of a reduce-scatter ends with block(s) ``i``
+of the result (torch's ``reduce_scatter_tensor`` order); an all-gather starts with member
+``i`` holding block(s) ``i``.
+
+Algorithms (``ALGOS``):
+- ``ring``: reduce-scatter then all-gather around one ring (``n - 1`` steps each);
+- ``bidir-ring``: half of every block clockwise, the other half counter-clockwise;
+- ``2d``: the multi-dimensional ring: reduce-scatter along each dimension of the group's
+  grid in turn (the data shrinks by that dimension's size each time), all-gather back in
+  reverse order; with one dimension it is the ring;
+- ``direct``: one shot, every member sends each block straight to the member that needs it;
+- ``tree``: recursive doubling (all-reduce exchanges the whole buffer, ``log2 n`` steps),
+  recursive halving for reduce-scatter, a binomial tree for broadcast.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+ALGOS = ("ring", "bidir-ring", "2d", "direct", "tree")
+OPS = {"sum": torch.add, "max": torch.maximum}
+
+
+@dataclass(frozen=True)
+class Xfer:
+    """``src`` sends its value of ``blocks`` (sorted block ids) to ``dst``."""
+
+    src: int
+    dst: int
+    blocks: tuple
+    reduce: bool
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A collective as steps of transfers over ``n`` members and ``blocks`` blocks.
+
+    ``holds[i]``: the blocks member ``i`` has a value of before step 0; ``keeps[i]``: the
+    blocks of its output (in output order)."""
+
+    kind: str
+    algo: str
+    n: int
+    blocks: int
+    steps: tuple
+    holds: tuple
+    keeps: tuple
+
+    @property
+    def transfers(self) -> int:
+        return sum(len(s) for s in self.steps)
+
+
+class CollectiveError(ValueError):
+    """A collective that cannot be built as asked (names the argument at fault)."""
+
+
+def _ring_rs(order: list, blocks_of, forward: bool = True) -> list:
+    """Reduce-scatter around ``order`` (member ids by ring position): the member at position
+    ``p`` ends with the full reduction of ``blocks_of(p)``."""
+    n = len(order)
+    steps = []
+    for s in range(n - 1):
+        step = []
+        for p in range(n):
+            q, b = ((p + 1) % n, (p - s - 1) % n) if forward else ((p - 1) % n, (p + s + 1) % n)
+            step.append(Xfer(order[p], order[q], blocks_of(b), True))
+        steps.append(step)
+    return steps
+
+
+def _ring_ag(order: list, blocks_of, forward: bool = True) -> list:
+    """All-gather around ``order``: position ``p`` starts with ``blocks_of(p)``."""
+    n = len(order)
+    steps = []
+    for s in range(n - 1):
+        step = []
+        for p in range(n):
+            q, b = ((p + 1) % n, (p - s) % n) if forward else ((p - 1) % n, (p + s) % n)
+            step.append(Xfer(order[p], order[q], blocks_of(b), False))
+        steps.append(step)
+    return steps
+
+
+def _chain(order: list, root_pos: int, blocks: tuple, forward: bool = True, length: int | None = None) -> list:
+    """A broadcast chain from ``root_pos`` along ``order`` over ``length`` hops."""
+    n = len(order)
+    hops = n - 1 if length is None else length
+    sgn = 1 if forward else -1
+    return [[Xfer(order[(root_pos + sgn * p) % n], order[(root_pos + sgn * (p + 1)) % n], blocks, False)]
+            for p in range(hops)]
+
+
+def _merge(*phases) -> list:
+    """Run phases side by side: step k of the result is step k of every phase."""
+    out: list = []
+    for phase in phases:
+        for k, step in enumerate(phase):
+            if k == len(out):
+                out.append([])
+            out[k].extend(step)
+    return out
+
+
+def ring(kind: str, grid, root: int) -> tuple[int, list]:
+    order = grid.order
+    if kind == "broadcast":
+        return 1, _chain(order, order.index(root), (0,))
+    own = lambda p: (order[p],)  # noqa: E731
+    rs = _ring_rs(order, own) if kind != "all_gather" else []
+    ag = _ring_ag(order, own) if kind != "reduce_scatter" else []
+    return len(order), rs + ag
+
+
+def bidir_ring(kind: str, grid, root: int) -> tuple[int, list]:
+    """Blocks ``2i`` travel clockwise, blocks ``2i + 1`` counter-clockwise."""
+    order, n = grid.order, len(grid.order)
+    if kind == "broadcast":
+        r = order.index(root)
+        return 2, _merge(_chain(order, r, (0,), True), _chain(order, r, (1,), False))
+    cw = lambda p: (2 * order[p],)  # noqa: E731
+    ccw = lambda p: (2 * order[p] + 1,)  # noqa: E731
+    steps = []
+    if kind != "all_gather":
+        steps += _merge(_ring_rs(order, cw), _ring_rs(order, ccw, forward=False))
+    if kind != "reduce_scatter":
+        steps += _merge(_ring_ag(order, cw), _ring_ag(order, ccw, forward=False))
+    return 2 * n, steps
+
+
+def multi_dim(kind: str, grid, root: int) -> tuple[int, list]:
+    """Reduce-scatter along each grid dimension in turn, all-gather back in reverse."""
+    n = len(grid.order)
+    if kind == "broadcast":
+        steps, have = [], {root}
+        for j in range(len(grid.dims)):
+            phase = [_chain(line, line.index(m), (0,)) for m in sorted(have) for line in [grid.line(m, j)]]
+            steps += _merge(*phase)
+            have = {x for m in have for x in grid.line(m, j)}
+        return 1, steps
+    resp = {m: tuple(range(n)) for m in range(n)}
+    sets = []
+    rs_steps = []
+    for j in range(len(grid.dims)):
+        rings = {tuple(grid.line(m, j)) for m in range(n)}
+        new = {}
+        phase = []
+        for line in sorted(rings):
+            part = {m: tuple(b for b in resp[m] if grid.coords[b][j] == grid.coords[m][j]) for m in line}
+            new.update(part)
+            phase.append(_ring_rs(list(line), lambda p, line=line, part=part: part[line[p]]))
+        rs_steps += _merge(*phase)
+        sets.append((rings, new))
+        resp = new
+    ag_steps = []
+    for rings, part in reversed(sets):
+        ag_steps += _merge(*[_ring_ag(list(line), lambda p, line=line: part[line[p]]) for line in sorted(rings)])
+    steps = (rs_steps if kind != "all_gather" else []) + (ag_steps if kind != "reduce_scatter" else [])
+    return n, steps
+
+
+def direct(kind: str, grid, root: int) -> tuple[int, list]:
+    n = len(grid.order)
+    if kind == "broadcast":
+        return 1, [[Xfer(root, m, (0,), False) for m in range(n) if m != root]]
+    rs = [[Xfer(s, d, (d,), True) for s in range(n) for d in range(n) if d != s]]
+    ag = [[Xfer(s, d, (s,), False) for s in range(n) for d in range(n) if d != s]]
+    return n, (rs if kind != "all_gather" else []) + (ag if kind != "reduce_scatter" else [])
+
+
+def tree(kind: str, grid, root: int) -> tuple[int, list]:
+    """Recursive doubling / halving over ring positions (partners at distance 1, 2, 4, ...)."""
+    order, n = grid.order, len(grid.order)
+    if kind == "broadcast":
+        r, steps, k = order.index(root), [], 1
+        while k < n:
+            steps.append([Xfer(order[(r + q) % n], order[(r + q + k) % n], (0,), False) for q in range(k) if q + k < n])
+            k *= 2
+        return 1, steps
+    if kind == "all_reduce":
+        p = 1 << (n.bit_length() - 1)
+        extra = [q for q in range(p, n)]
+        steps = [[Xfer(order[q], order[q - p], (0,), True) for q in extra]] if extra else []
+        k = 1
+        while k < p:
+            steps.append([Xfer(order[q], order[q ^ k], (0,), True) for q in range(p)])
+            k *= 2
+        if extra:
+            steps.append([Xfer(order[q - p], order[q], (0,), False) for q in extra])
+        return 1, steps
+    if n & (n - 1):
+        raise CollectiveError(f"algorithm 'tree' {kind} needs a power-of-two group, got {n} members")
+    bits = n.bit_length() - 1
+    steps = []
+    if kind == "reduce_scatter":
+        for k in reversed(range(bits)):
+            steps.append([Xfer(order[q], order[q ^ (1 << k)], tuple(sorted(
+                order[x] for x in range(n) if x >> (k + 1) == q >> (k + 1) and (x >> k) & 1 != (q >> k) & 1)), True)
+                for q in range(n)])
+    else:
+        for k in range(bits):
+            steps.append([Xfer(order[q], order[q ^ (1 << k)], tuple(sorted(
+                order[x] for x in range(n) if x >> k == q >> k)), False) for q in range(n)])
+    return n, steps
+
+
+BUILDERS = {"ring": ring, "bidir-ring": bidir_ring, "2d": multi_dim, "direct": direct, "tree": tree}
+
+
+def schedule(kind: str, algo: str, grid, root: int = 0) -> Schedule:
+    """The schedule of collective ``kind`` by ``algo`` over the members of ``grid``."""
+    if kind not in KINDS:
+        raise CollectiveError(f"unknown collective '{kind}' (known: {', '.join(KINDS)})")
+    if algo not in BUILDERS:
+        raise CollectiveError(f"unknown algorithm '{algo}' (known: {', '.join(ALGOS)})")
+    n = len(grid.order)
+    if n < 2:
+        raise CollectiveError(f"a collective needs at least two members, got a group of {n}")
+    if not 0 <= root < n:
+        raise CollectiveError(f"broadcast root {root} is not a member rank (0..{n - 1})")
+    blocks, steps = BUILDERS[algo](kind, grid, root)
+    per = blocks // n
+    everything = tuple(range(blocks))
+    own = tuple(tuple(range(m * per, (m + 1) * per)) for m in range(n))
+    holds = {"all_reduce": (everything,) * n, "reduce_scatter": (everything,) * n, "all_gather": own,
+             "broadcast": tuple(everything if m == root else () for m in range(n))}[kind]
+    keeps = own if kind == "reduce_scatter" else (everything,) * n
+    return Schedule(kind, algo, n, blocks, tuple(tuple(s) for s in steps if s), holds, keeps)
+
+
+def verify(sched: Schedule) -> None:
+    """Check symbolically that every output block combines every member exactly once
+    (reductions) or is a copy of the root's (broadcast); raise CollectiveError if not."""
+    everyone = (1 << sched.n) - 1
+    known = [{b: (1 << m if sched.kind != "broadcast" else everyone) for b in sched.holds[m]} for m in range(sched.n)]
+    if sched.kind == "all_gather":
+        known = [{b: everyone for b in sched.holds[m]} for m in range(sched.n)]
+    for k, step in enumerate(sched.steps):
+        new = [dict(v) for v in known]
+        for x in step:
+            for b in x.blocks:
+                if b not in known[x.src]:
+                    raise CollectiveError(f"{sched.algo} step {k}: member {x.src} sends block {b} it does not have")
+                if x.reduce:
+                    mine = new[x.dst].get(b, 0)
+                    if mine & known[x.src][b]:
+                        raise CollectiveError(f"{sched.algo} step {k}: block {b} counted twice at member {x.dst}")
+                    new[x.dst][b] = mine | known[x.src][b]
+                else:
+                    new[x.dst][b] = known[x.src][b]
+        known = new
+    for m in range(sched.n):
+        for b in sched.keeps[m]:
+            if known[m].get(b) != everyone:
+                raise CollectiveError(f"{sched.algo} {sched.kind}: member {m} ends with an incomplete block {b}")
+
+
+def reference(sched: Schedule, inputs: list, op: str = "sum") -> list:
+    """Interpret ``sched`` on torch tensors: ``inputs[m]`` is member m's input (the whole
+    buffer; for all-gather its own part) -> each member's output, in the inputs' dtype."""
+    if op not in OPS:
+        raise CollectiveError(f"unknown reduction '{op}' (known: {', '.join(OPS)})")
+    n, nb = sched.n, sched.blocks
+    flat = [x.reshape(-1) for x in inputs]
+    total = flat[0].numel() * (n if sched.kind == "all_gather" else 1)
+    if total % nb:
+        raise CollectiveError(f"{sched.algo}: {total} elements per member do not split into {nb} equal blocks")
+    vals = []
+    for m in range(n):
+        v = torch.full((nb, total // nb), float("nan"), dtype=flat[0].dtype)
+        if sched.holds[m]:
+            v[list(sched.holds[m])] = flat[m].reshape(len(sched.holds[m]), -1)
+        vals.append(v)
+    fn = OPS[op]
+    for step in sched.steps:
+        new = [v.clone() for v in vals]
+        for x in step:
+            b0, b1 = x.blocks[0], x.blocks[-1] + 1
+            idx = slice(b0, b1) if b1 - b0 == len(x.blocks) else list(x.blocks)
+            new[x.dst][idx] = fn(new[x.dst][idx], vals[x.src][idx]) if x.reduce else vals[x.src][idx]
+        vals = new
+    return [vals[m][list(sched.keeps[m])].reshape(-1) for m in range(n)]
