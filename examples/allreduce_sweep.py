@@ -63,7 +63,7 @@ def sweep(topology: str, group: str, top: int) -> list[dict]:
 
 def break_even(rows: list[dict]) -> list[str]:
     """Payloads where the fastest algorithm changes."""
-    best, out = None, []
+    best, prev, out = None, None, []
     for nominal in sorted({r["nominal"] for r in rows}):
         at = [r for r in rows if r["nominal"] == nominal]
         win = min(at, key=lambda r: r["latency_ns"])["algo"]

@@ -7,8 +7,10 @@
   block depends on, each from the sender's TCM (the fastest place a value can be) to the
   receiver (its TCM for a reduction, then fetch, one MATH element and store; its HBM for a
   copy); and at least one command issue (``d_cmd`` of the smallest descriptor) for every
-  step in which a member sends or reduces, since its control processor issues commands one
-  at a time; plus the launch (CP and scheduler overhead). No kernel can do it faster.
+  step in which a member sends or reduces, plus one for its first reduction send if it
+  makes one before it has reduced anything (no earlier composite can carry it), since its
+  control processor issues commands one at a time; plus the launch (CP and scheduler
+  overhead). No kernel can do it faster.
 - ``bound`` = max(alpha_min, the busiest resource): the speed of light of this kernel on
   this topology; ``pct_bound`` compares the simulation with it.
 - ``alpha_beta_ps``: the textbook estimate, step by step without overlap: each step costs
@@ -121,7 +123,7 @@ def startup_ps(machine, sched, pes: tuple, alphas: list[int] | None = None) -> i
     longer; plus the launch."""
     cache: dict = {}
     ready = [{b: 0 for b in sched.holds[m]} for m in range(sched.n)]
-    busy = [0] * sched.n
+    busy, reduced = [0] * sched.n, set()
     for step in sched.steps:
         new = [dict(r) for r in ready]
         for x in step:
@@ -133,6 +135,9 @@ def startup_ps(machine, sched, pes: tuple, alphas: list[int] | None = None) -> i
                 new[x.dst][b] = max(new[x.dst].get(b, 0), arrive) if x.reduce else arrive
         for m in {x.src for x in step} | {x.dst for x in step if x.reduce}:
             busy[m] += 1
+        for m in {x.src for x in step if x.reduce} - reduced:
+            busy[m] += 1
+        reduced |= {x.dst for x in step if x.reduce}
         ready = new
     chain = max(ready[m][b] for m in range(sched.n) for b in sched.keeps[m])
     g, info = machine.graph, machine.pes[pes[0]]
