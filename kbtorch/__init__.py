@@ -1,1 +1,7 @@
-"""kbtorch: a PyTorch front end to a discrete-event simulator of LLM kernels on AHBM."""
+"""kbtorch: a PyTorch front end to a discrete-event simulator of LLM kernels on AHBM.
+
+Importing kbtorch registers the ``"ahbm"`` torch device (``kbtorch.tensor.device``).
+"""
+from .tensor.device import register as _register
+
+_register()

@@ -1,0 +1,62 @@
+"""The ``"ahbm"`` torch device, in pure Python.
+
+``register()`` (called by ``import kbtorch``) makes PrivateUse1 a Python backend named
+``ahbm`` with torch's helper ``torch.utils.backend_registration._setup_privateuseone_for_python_backend``
+(device guard, device module, hooks, generated ``Tensor.ahbm()``-style methods), then
+registers the three PrivateUse1 kernels that ``.to("ahbm")`` and the factory functions need:
+``aten::empty.memory_format``, ``aten::empty_strided`` and ``aten::_copy_from``. They create
+and fill ``AhbmTensor`` wrappers; every other op reaches ``AhbmTensor.__torch_dispatch__``.
+
+NOTE: the helper is private and may only run once per process; ``register`` is idempotent
+and refuses to run if PrivateUse1 already carries another name.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..topology import load_machine
+from .tensor import DEVICE, AhbmTensor, default_spec
+
+_LIB = None
+
+
+def n_pes() -> int:
+    return len(load_machine("ahbm").pes)
+
+
+def register() -> None:
+    """Set up the ``ahbm`` device once per process (later calls do nothing)."""
+    global _LIB
+    if _LIB is not None:
+        return
+    current = torch._C._get_privateuse1_backend_name()
+    if current not in ("privateuseone", DEVICE):
+        raise RuntimeError(f"kbtorch: PrivateUse1 is already registered as '{current}'; cannot add '{DEVICE}'")
+    if current != DEVICE:
+        from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+        _setup_privateuseone_for_python_backend(DEVICE)
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("empty.memory_format", _empty, "PrivateUse1")
+    lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    _LIB = lib
+
+
+def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    local = torch.empty(size, dtype=dtype or torch.get_default_dtype())
+    return AhbmTensor(local, default_spec(n_pes()))
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    local = torch.empty_strided(size, stride, dtype=dtype or torch.get_default_dtype())
+    return AhbmTensor(local, default_spec(n_pes()))
+
+
+def _copy_from(src, dst, non_blocking=False):
+    """Host <-> ahbm copies (the runtime's untimed deploy and read-back)."""
+    value = src._local if isinstance(src, AhbmTensor) else src
+    if isinstance(dst, AhbmTensor):
+        dst._local.copy_(value)
+    else:
+        dst.copy_(value)
+    return dst

@@ -1,0 +1,89 @@
+"""``AhbmTensor``: a tensor on the ``"ahbm"`` device, its numeric data and its placement.
+
+A thin wrapper subclass (``torch.Tensor._make_wrapper_subclass``), in the manner of DTensor:
+it holds ``_local`` (the numeric value as one CPU tensor, the global view) and ``_spec``
+(its ``placement.Spec`` over a mesh of PEs). Numerics are computed with torch on
+``_local``; timing belongs to the kernels that ops dispatch to.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_map
+
+from .placement import Mesh, Replicate, Spec
+
+DEVICE = "ahbm"
+
+#: Ops that only change how the data is viewed or copy it in from the host: no kernel, no time.
+#: NOTE: views (view, transpose, ...) are metadata on the PEs too as long as the layout
+#: allows; a copy-in (``copy_``, ``fill_``, random init) is the host's untimed deployment.
+METADATA = {
+    "detach", "alias", "view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze",
+    "slice", "select", "as_strided", "_reshape_alias", "clone",
+}
+HOST_WRITES = {"copy_", "zero_", "fill_", "normal_", "uniform_", "random_", "bernoulli_", "_to_copy", "arange",
+               "lift_fresh", "set_", "resize_"}
+
+
+def default_spec(n_pes: int) -> Spec:
+    """Where ``.to("ahbm")`` puts a tensor: replicated over a flat mesh of every PE."""
+    return Spec(Mesh(tuple(range(n_pes)), (n_pes,)), (Replicate(),))
+
+
+class AhbmTensor(torch.Tensor):
+    """A tensor on ``ahbm``: ``_local`` (CPU value) and ``_spec`` (placement)."""
+
+    _local: torch.Tensor
+    _spec: Spec
+
+    @staticmethod
+    def __new__(cls, local: torch.Tensor, spec: Spec, requires_grad: bool = False):
+        r = torch.Tensor._make_wrapper_subclass(cls, local.shape, strides=local.stride(), dtype=local.dtype,
+                                                device=torch.device(DEVICE, 0), requires_grad=requires_grad)
+        r._local, r._spec = local, spec
+        return r
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        return f"AhbmTensor({self._local!r}, device='{DEVICE}:0', placements={list(self._spec.placements)})"
+
+    def __tensor_flatten__(self):
+        return ["_local"], self._spec
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, spec, outer_size, outer_stride):
+        return AhbmTensor(inner["_local"], spec)
+
+    @property
+    def placements(self) -> tuple:
+        return self._spec.placements
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        """Order: (1) a copy to another device returns a plain tensor there; (2) metadata
+        ops and host writes run on the local value, untimed; (3) anything else is not
+        supported yet and raises NotImplementedError naming the op."""
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name == "_to_copy" and kwargs.get("device") is not None and torch.device(kwargs["device"]).type != DEVICE:
+            return func(args[0]._local, *args[1:], **kwargs)
+        if name in METADATA or name in HOST_WRITES:
+            found = [a for a in (*args, *kwargs.values()) if isinstance(a, AhbmTensor)]
+            spec = found[0]._spec
+            out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, _host_kwargs(kwargs)))
+            if isinstance(kwargs.get("out"), AhbmTensor):
+                return kwargs["out"]
+            if name.endswith("_") and isinstance(args[0], AhbmTensor):
+                return args[0]
+            return tree_map(lambda x: AhbmTensor(x, spec) if isinstance(x, torch.Tensor) else x, out)
+        raise NotImplementedError(f"kbtorch: {func} on ahbm tensors is not supported yet "
+                                  f"(no tile kernel is registered for it)")
+
+
+def _unwrap(x):
+    return x._local if isinstance(x, AhbmTensor) else x
+
+
+def _host_kwargs(kwargs: dict) -> dict:
+    if "device" in kwargs:
+        kwargs = dict(kwargs, device=torch.device("cpu"))
+    return kwargs
