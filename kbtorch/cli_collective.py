@@ -136,8 +136,6 @@ def _cmd_collective(args, machine):
         option = "--packet-bytes" if "packet_bytes" in text else ("--bytes" if "bytes" in text else None)
         raise ValueError(f"argument {option}: {text}" if option else text) from None
     data = {"topology": machine.name, "group": args.group, **run.as_dict()}
-    if kind == "broadcast":
-        data["root"] = root
     if args.check:
         data.update(_check(run, kind, shards, op, root))
     return data, _collective_text(data, args.algo)
@@ -153,7 +151,7 @@ def _collective_text(d: dict, asked: str) -> str:
     head = (f"{d['collective']} of {fmt_bytes(d['bytes'])} {d['dtype']} over {d['members']} members, {d['algo']} "
             f"({d['mode']} mode): {us:.3f} us, busbw {d['busbw_gbps']:.2f} GB/s")
     algo = d["algo"] if asked != "auto" else f"{d['algo']} (auto; estimates: {_candidates(d)})"
-    what = d["collective"] + (f" (root {d['root']})" if "root" in d else "")
+    what = d["collective"] + (f" (root {d['root']})" if d.get("root") is not None else "")
     what += f" ({d['op']})" if d["collective"] in REDUCING else ""
     rows = [
         ("collective", what), ("algorithm", algo), ("members", f"{d['members']} (group {d['group']})"),
