@@ -9,8 +9,8 @@ All runs are timing-only all-reduces (``kbtorch.ops.collective.collective``), f1
 - **(b) small**: 1 KiB per member over a CUBE, a SIP, all 256 PEs and torus6's 48 PEs: every
   algorithm; the best one's latency against its startup bound (alpha_min), and auto's pick.
 - **(c) coarse vs fast**: the same all-reduce in both modes (4 MiB per member on a CUBE for
-  every algorithm, 1 MiB per member on torus6's six devices and on a SIP with ring and
-  2d): latency error of coarse against fast and the speed-up in events and wall time.
+  every algorithm, 768 KiB per member on torus6's six devices, 1 MiB on a SIP, with ring
+  and 2d): latency error of coarse against fast and the speed-up in events and wall time.
 - **(d) mesh vs torus**: ring and 2d over one SIP, 16 MiB per member, on ``ahbm`` and
   ``ahbm_torus``.
 
@@ -68,7 +68,7 @@ def small() -> list[dict]:
 
 def coarse_vs_fast() -> list[dict]:
     cases = [("ahbm", "cube", a, 4 * MiB) for a in ALGOS if a != "2d"]
-    cases += [("torus6", "0,8,16,24,32,40", a, MiB) for a in ("ring", "2d")]
+    cases += [("torus6", "0,8,16,24,32,40", a, 768 * KiB) for a in ("ring", "2d")]
     cases += [("ahbm", "sip", a, MiB) for a in ("ring", "2d")]
     out = []
     for topo, group, algo, nbytes in cases:
@@ -86,22 +86,37 @@ def mesh_vs_torus() -> list[dict]:
             for t in ("ahbm", "ahbm_torus") for a in ("ring", "2d")]
 
 
-def report(res: dict) -> None:
+def report(res: dict, part: str) -> None:
+    """Print one part of the results (as soon as it is measured)."""
+    globals()["_report_" + part](res)
+    sys.stdout.flush()
+
+
+def _report_large(res: dict) -> None:
     print("(a) large all-reduce")
     print(tabulate([[r["group"], r["bytes"] // MiB, r["algo"], r["mode"], f"{r['latency_ns'] / 1e3:.1f}",
                      f"{r['busbw_gbps']:.1f}", f"{r['pct_bound']:.1f}", r["bottleneck"], r["events"],
                      f"{r['total_wall_s']:.1f}"] for r in res["large"]],
                    headers=["group", "MiB", "algo", "mode", "latency us", "busbw GB/s", "% bound", "bottleneck",
                             "events", "wall s"]))
+
+
+def _report_small(res: dict) -> None:
     print("\n(b) 1 KiB all-reduce: best algorithm against its startup bound")
     print(tabulate([[r["topology"], r["group"], r["best"], f"{r['latency_ns']:.0f}", f"{r['startup_ns']:.0f}",
                      f"{r['x_startup']:.2f}", r["auto"], f"{r['auto_ns']:.0f}"] for r in res["small"]],
                    headers=["topology", "group", "best", "latency ns", "startup ns", "x startup", "auto", "auto ns"]))
+
+
+def _report_coarse(res: dict) -> None:
     print("\n(c) coarse against fast")
     print(tabulate([[r["topology"], r["group"], r["algo"], r["bytes"] // KiB, f"{r['fast_ns']:.0f}",
                      f"{r['coarse_ns']:.0f}", f"{r['error_pct']:+.2f}", f"{r['events_x']:.1f}", f"{r['wall_x']:.1f}"]
                     for r in res["coarse"]],
                    headers=["topology", "group", "algo", "KiB", "fast ns", "coarse ns", "error %", "events x", "wall x"]))
+
+
+def _report_torus(res: dict) -> None:
     print("\n(d) mesh vs torus, one SIP, 16 MiB")
     print(tabulate([[r["topology"], r["algo"], f"{r['latency_ns'] / 1e3:.1f}", f"{r['busbw_gbps']:.1f}",
                      f"{r['pct_bound']:.1f}"] for r in res["torus"]],
@@ -129,9 +144,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="64 MiB instead of 1 GiB in part (a)")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
-    res = {"machine": platform.machine(), "python": platform.python_version(),
-           "large": large(args.quick), "small": small(), "coarse": coarse_vs_fast(), "torus": mesh_vs_torus()}
-    report(res)
+    res = {"machine": platform.machine(), "python": platform.python_version()}
+    for part, fn in (("small", small), ("coarse", coarse_vs_fast), ("torus", mesh_vs_torus),
+                     ("large", lambda: large(args.quick))):
+        res[part] = fn()
+        report(res, part)
     res["targets"] = [dict(zip(("target", "goal", "measured", "pass"), t)) for t in targets(res)]
     print("\ntargets")
     print(tabulate([[t["target"], t["goal"], t["measured"], "PASS" if t["pass"] else "FAIL"] for t in res["targets"]],

@@ -2,6 +2,9 @@
 
 Importing kbtorch registers the ``"ahbm"`` torch device (``kbtorch.tensor.device``).
 """
+from .profiler import profile
 from .tensor.device import register as _register
 
 _register()
+
+__all__ = ["profile"]

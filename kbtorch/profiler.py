@@ -1,9 +1,13 @@
 """Human-readable latency reports: attribution by component kind and the hops of a route.
 
 Kinds are the ``kind`` attributes of the topology's nodes and links (plus ``issue``, the
-control processor's command-issue cost); times are reported in ns.
+control processor's command-issue cost); times are reported in ns. ``profile()`` records the
+ops run on the ahbm device (a table per op name, a Chrome/Perfetto trace).
 """
 from __future__ import annotations
+
+import json
+from contextlib import contextmanager
 
 from tabulate import tabulate
 
@@ -55,3 +59,70 @@ def path_table(path, machine) -> str:
         rows.append((i, node, d["kind"], *link, f"{d['overhead_ns']:g}"))
     return tabulate(rows, headers=("hop", "node", "kind", "link in", "GB/s", "prop ns", "switch ns"),
                     disable_numparse=True)
+
+
+class Profile:
+    """The ops recorded while a ``profile()`` block was open (``records``, in order)."""
+
+    def __init__(self):
+        self.records: list = []
+
+    @property
+    def total_ns(self) -> float:
+        return sum(r.latency_ns for r in self.records)
+
+    def key_averages(self) -> "KeyAverages":
+        return KeyAverages(self.records)
+
+    def export_chrome_trace(self, path: str) -> None:
+        """Chrome/Perfetto JSON: one complete event per op, on one track per kernel."""
+        tracks = {}
+        events = []
+        for r in self.records:
+            tid = tracks.setdefault(r.kernel, len(tracks) + 1)
+            events.append({"name": r.name, "cat": r.kernel, "ph": "X", "pid": 1, "tid": tid,
+                           "ts": r.start_ns / 1000, "dur": r.latency_ns / 1000,
+                           "args": {"shapes": [list(s) for s in r.shapes], "bottleneck": r.bottleneck,
+                                    "flops": r.flops, "bytes": r.bytes, "detail": r.detail}})
+        events += [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": kernel}}
+                   for kernel, tid in tracks.items()]
+        with open(path, "w") as fh:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, fh)
+
+
+class KeyAverages:
+    """Records grouped by op name, in the spirit of ``torch.profiler``'s key averages."""
+
+    COLUMNS = ("name", "calls", "latency_ns", "avg_ns", "pct", "tflops", "gbps", "kernel", "bottleneck")
+
+    def __init__(self, records: list):
+        groups: dict = {}
+        for r in records:
+            groups.setdefault(r.name, []).append(r)
+        total = sum(r.latency_ns for r in records) or 1.0
+        self.rows = []
+        for name, rs in groups.items():
+            ns = sum(r.latency_ns for r in rs)
+            self.rows.append({"name": name, "calls": len(rs), "latency_ns": ns, "avg_ns": ns / len(rs),
+                              "pct": 100 * ns / total, "tflops": sum(r.flops for r in rs) / ns / 1000 if ns else 0.0,
+                              "gbps": sum(r.bytes for r in rs) / ns if ns else 0.0, "kernel": rs[0].kernel,
+                              "bottleneck": rs[-1].bottleneck})
+
+    def table(self, sort_by: str = "latency_ns", row_limit: int = 100) -> str:
+        if sort_by not in self.COLUMNS:
+            raise ValueError(f"sort_by '{sort_by}' is not a column ({', '.join(self.COLUMNS)})")
+        rows = sorted(self.rows, key=lambda r: r[sort_by], reverse=sort_by not in ("name", "kernel", "bottleneck"))
+        return tabulate([[r[c] for c in self.COLUMNS] for r in rows[:row_limit]], headers=self.COLUMNS,
+                        floatfmt=".2f")
+
+
+@contextmanager
+def profile():
+    """Record every op on the ahbm device while the block runs: ``with kbtorch.profile() as prof``."""
+    from .tensor.stream import STREAM
+    prof = Profile()
+    STREAM.listeners.append(prof.records)
+    try:
+        yield prof
+    finally:
+        STREAM.listeners.remove(prof.records)

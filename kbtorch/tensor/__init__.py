@@ -1,5 +1,6 @@
 """The ``"ahbm"`` torch device and its tensors (see ``device`` and ``tensor``)."""
 from .placement import Mesh, Partial, Replicate, Shard, Spec
 from .tensor import AhbmTensor
+from . import ops_elementwise, ops_matmul  # registers the op handlers
 
-__all__ = ["AhbmTensor", "Mesh", "Partial", "Replicate", "Shard", "Spec"]
+__all__ = ["AhbmTensor", "Mesh", "Partial", "Replicate", "Shard", "Spec", "ops_elementwise", "ops_matmul"]

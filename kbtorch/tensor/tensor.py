@@ -59,13 +59,17 @@ class AhbmTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        """Order: (1) a copy to another device returns a plain tensor there; (2) metadata
-        ops and host writes run on the local value, untimed; (3) anything else is not
-        supported yet and raises NotImplementedError naming the op."""
+        """Order: (1) a copy to another device returns a plain tensor there; (2) an op with
+        a registered handler (``dispatch.HANDLERS``) runs its tile kernel; (3) metadata ops
+        and host writes run on the local value, untimed; (4) anything else raises
+        NotImplementedError naming the op."""
+        from .dispatch import HANDLERS
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
         if name == "_to_copy" and kwargs.get("device") is not None and torch.device(kwargs["device"]).type != DEVICE:
             return func(args[0]._local, *args[1:], **kwargs)
+        if name in HANDLERS:
+            return HANDLERS[name](func, args, kwargs)
         if name in METADATA or name in HOST_WRITES:
             found = [a for a in (*args, *kwargs.values()) if isinstance(a, AhbmTensor)]
             spec = found[0]._spec
@@ -80,6 +84,11 @@ class AhbmTensor(torch.Tensor):
 
 
 def _unwrap(x):
+    return x._local if isinstance(x, AhbmTensor) else x
+
+
+def local(x):
+    """The numeric value of an ahbm tensor (anything else passes through)."""
     return x._local if isinstance(x, AhbmTensor) else x
 
 

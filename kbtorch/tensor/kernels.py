@@ -1,0 +1,37 @@
+"""Shared helpers of the op handlers: the machine, dtypes, wrapping and run summaries."""
+from __future__ import annotations
+
+import torch
+
+from ..profiler import kind_name
+from ..topology import load_machine
+from .stream import STREAM
+
+DTYPES = {torch.float16: ("f16", 2), torch.bfloat16: ("bf16", 2), torch.float32: ("fp32", 4)}
+
+
+def machine():
+    return load_machine("ahbm")
+
+
+def dtype_of(op: str, t: torch.Tensor) -> tuple[str, int]:
+    if t.dtype not in DTYPES:
+        raise NotImplementedError(f"kbtorch: {op} on ahbm tensors of dtype {t.dtype} is not supported "
+                                  f"(f16, bf16, fp32)")
+    return DTYPES[t.dtype]
+
+
+def bottleneck(result) -> str:
+    """The component kind holding most of a run's latency."""
+    parts = result.breakdown()
+    return kind_name(max(parts, key=lambda k: (parts[k], k))) if parts else ""
+
+
+def hbm_bytes(result) -> int:
+    return sum(s["bursts"] for s in result.stats["memories"].values()) * machine().flit_bytes
+
+
+def record(op: str, args, kernel: str, result, flops: int, detail: str = ""):
+    shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+    return STREAM.record(op, shapes, kernel, result.latency_ns, flops=flops, bytes=hbm_bytes(result),
+                         bottleneck=bottleneck(result), detail=detail)

@@ -1,0 +1,100 @@
+"""Ops on ahbm tensors against torch on CPU; the stream clock; the profiler."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kbtorch
+from kbtorch.tensor import AhbmTensor, Replicate
+from kbtorch.tensor.stream import STREAM
+
+TOL = {torch.float16: 2e-2, torch.bfloat16: 1e-1, torch.float32: 1e-4}
+
+
+def close(ahbm, ref):
+    assert isinstance(ahbm, AhbmTensor) and ahbm.placements == (Replicate(),)
+    got = ahbm.cpu()
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    tol = TOL[ref.dtype]
+    assert torch.allclose(got.float(), ref.float(), atol=tol * max(1.0, ref.float().abs().max().item()), rtol=tol)
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_mm_addmm_bmm_linear(gen, dtype):
+    a = torch.randn(33, 70, generator=gen).to(dtype)
+    b = torch.randn(70, 19, generator=gen).to(dtype)
+    bias = torch.randn(19, generator=gen).to(dtype)
+    A, B, C = a.to("ahbm"), b.to("ahbm"), bias.to("ahbm")
+    close(A @ B, (a.float() @ b.float()).to(dtype))
+    close(torch.addmm(C, A, B), (a.float() @ b.float() + bias.float()).to(dtype))
+    close(F.linear(A, B.t(), C), F.linear(a.float(), b.t().float(), bias.float()).to(dtype))
+    x, y = torch.randn(3, 8, 5, generator=gen).to(dtype), torch.randn(3, 5, 4, generator=gen).to(dtype)
+    close(torch.bmm(x.to("ahbm"), y.to("ahbm")), torch.bmm(x.float(), y.float()).to(dtype))
+
+
+@pytest.mark.parametrize("op", [
+    lambda x, y: x + y, lambda x, y: x - y, lambda x, y: x * y, lambda x, y: x / (y.abs() + 1),
+    lambda x, y: F.silu(x), lambda x, y: F.gelu(x), lambda x, y: torch.exp(x), lambda x, y: x * 2.0 + 1.0,
+    lambda x, y: torch.maximum(x, y), lambda x, y: x + y[0],
+])
+def test_elementwise(gen, op):
+    x, y = torch.randn(6, 10, generator=gen), torch.randn(6, 10, generator=gen)
+    close(op(x.to("ahbm"), y.to("ahbm")), op(x, y))
+
+
+def test_mlp_module_matches_cpu(gen):
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.SiLU(), torch.nn.Linear(32, 8))
+    x = torch.randn(5, 16, generator=gen)
+    with torch.no_grad():
+        ref = mlp(x)
+        mlp.to("ahbm")
+        close(mlp(x.to("ahbm")), ref)
+
+
+def test_ops_advance_the_stream_clock_and_are_never_free(gen):
+    x = torch.randn(64, 64, generator=gen, dtype=torch.float16).to("ahbm")
+    t0 = STREAM.clock_ns
+    with kbtorch.profile() as prof:
+        y = x @ x
+        z = y + x
+    assert STREAM.clock_ns == pytest.approx(t0 + prof.total_ns)
+    assert [r.name for r in prof.records] == ["aten::mm", "aten::add"]
+    assert all(r.latency_ns > 0 and r.bottleneck for r in prof.records)
+    assert prof.records[0].flops == 2 * 64 ** 3 and prof.records[1].start_ns == pytest.approx(
+        prof.records[0].start_ns + prof.records[0].latency_ns)
+    assert isinstance(z, AhbmTensor)
+
+
+def test_profile_table_and_chrome_trace(tmp_path, gen):
+    lin = torch.nn.Linear(32, 16).to("ahbm")
+    x = torch.randn(8, 32, generator=gen).to("ahbm")
+    with torch.no_grad(), kbtorch.profile() as prof:
+        F.silu(lin(x))
+    table = prof.key_averages().table(sort_by="latency_ns", row_limit=5)
+    assert "aten::addmm" in table and "aten::silu" in table and "bottleneck" in table
+    with pytest.raises(ValueError, match="sort_by"):
+        prof.key_averages().table(sort_by="nope")
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    ops = [e for e in events if e["ph"] == "X"]
+    assert len(ops) == len(prof.records) and len({e["tid"] for e in ops}) >= 2
+
+
+def test_errors_like_torch(gen):
+    a = torch.randn(3, 4, generator=gen).to("ahbm")
+    with pytest.raises(RuntimeError, match="same device"):
+        a @ torch.randn(4, 2)
+    with pytest.raises(RuntimeError):
+        a @ torch.randn(5, 2).to("ahbm")
+    with pytest.raises(NotImplementedError, match=r"aten\._softmax"):
+        torch.softmax(a, dim=-1)
+    with pytest.raises(NotImplementedError, match="dtype torch.float64"):
+        a.double() @ a.double().t()
