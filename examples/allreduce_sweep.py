@@ -7,7 +7,8 @@ one changes). On torus6 it makes the spec's check: the simulated latency follows
 alpha-beta shape, tight at small payloads and within a single-digit factor at the largest.
 The last part compares the 2D mesh of AHBM with its torus variant on the same collective.
 
-Payloads are rounded down to a multiple of every algorithm's block count. Large groups at
+Payloads are rounded down to a multiple of every algorithm's block count; algorithms whose
+alpha-beta estimate is over 3x the best one's are not simulated at that payload. Large groups at
 large payloads take minutes each (see benchmarks/README.md); the default stops AHBM's SIP
 at 16 MiB, ``--full`` goes to 1 GiB everywhere.
 
@@ -22,12 +23,13 @@ import time
 
 from tabulate import tabulate
 
-from kbtorch.ops.collective import collective
-from kbtorch.ops.collective_group import resolve_group
-from kbtorch.ops.collective_plan import ALGOS, CollectiveError
+from kbtorch.ops.collective import collective, estimates
+from kbtorch.ops.collective_group import make_grid, resolve_group
+from kbtorch.ops.collective_plan import ALGOS
 from kbtorch.topology import load_machine
 from kbtorch.units import fmt_bytes as _size, parse_bytes
 
+PRUNE = 3.0
 #: (topology, group, label, largest payload unless --full)
 STUDIES = [
     ("torus6", "0,8,16,24,32,40", "torus6: 6 devices (2x3 torus)", 2**30),
@@ -46,17 +48,21 @@ def sizes(top: int) -> list[int]:
 
 
 def sweep(topology: str, group: str, top: int) -> list[dict]:
-    """Every algorithm at every payload: rows of as_dict() plus the nominal size."""
+    """Every algorithm at every payload (rows of as_dict() plus the nominal size), except
+    those whose alpha-beta estimate is over ``PRUNE`` times the best one's: they cannot win
+    (their command issue alone takes longer) and large groups make them slow to simulate."""
     machine = load_machine(topology)
-    n = len(resolve_group(machine, group))
+    pes = resolve_group(machine, group)
+    grid = make_grid(machine, pes)
+    n = len(pes)
     rows = []
     for nominal in sizes(top):
         nbytes = max(2 * n * 2, nominal // (4 * n) * 4 * n)
+        est = estimates("all_reduce", machine, grid, nbytes, 2)
         for algo in ALGOS:
-            try:
-                run = collective("all_reduce", group=group, algo=algo, nbytes=nbytes, topology=machine)
-            except CollectiveError:
+            if algo not in est or est[algo] > PRUNE * min(est.values()):
                 continue
+            run = collective("all_reduce", group=group, algo=algo, nbytes=nbytes, topology=machine)
             rows.append(dict(run.as_dict(), nominal=nominal))
     return rows
 

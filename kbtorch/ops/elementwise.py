@@ -1,10 +1,12 @@
-"""Elementwise tile kernel: ``out = op(x[, y])`` over N elements on the MATH engines.
+"""Vector tile kernel: ``out = op(x[, y])`` over N elements on the MATH engines.
 
 Each PE of the group takes an equal contiguous slice (the last ones may be one element
 shorter) and streams it through one composite: DMA_READ its inputs' tiles from its HBM
 slice -> FETCH -> MATH -> STORE -> DMA_WRITE the output tile to its HBM slice. Inputs and
-output sit in each PE's slice one after the other (``layout``); tiles are at most
-``TILE_BYTES`` of output. Timing only: the numbers come from torch in the caller.
+output sit in each PE's slice one after the other; tiles are at most ``TILE_BYTES`` of one
+input. Row reductions and normalisations use the same pass: ``flops_per_element`` sets the
+MATH work, ``out_ratio`` the output elements per input element (1/D for a reduction over
+rows of D). Timing only: the numbers come from torch in the caller.
 """
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ def _slices(n: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def elementwise_kernel(ctx, op: str, n: int, inputs: int, elem_bytes: int, dtype: str) -> None:
-    """Queue PE ``ctx.pe``'s share of an elementwise op over ``n`` elements."""
+def elementwise_kernel(ctx, op: str, n: int, inputs: int, elem_bytes: int, dtype: str, flops: int,
+                       out_ratio: float) -> None:
+    """Queue PE ``ctx.pe``'s share of a vector op over ``n`` elements."""
     _, size = _slices(n, len(ctx.group))[ctx.rank]
     if size == 0:
         return
@@ -36,20 +39,23 @@ def elementwise_kernel(ctx, op: str, n: int, inputs: int, elem_bytes: int, dtype
     tb = tile * elem_bytes
     hbm = ctx.hbm_node
     span = -(-size * elem_bytes // 4096) * 4096
-    staging = ctx.tcm("staging", BUFFERS * (inputs + 1) * tb)
+    ob = max(elem_bytes, round(tb * out_ratio) // elem_bytes * elem_bytes)
+    staging = ctx.tcm("staging", BUFFERS * (inputs * tb + ob))
     reads = tuple(Move(Loc(hbm, i * span), tb, tb) for i in range(inputs))
     ctx.composite(tiles=tiles, staging=staging.at(), engine="math", dtype=dtype, reads=reads,
-                  fetch_bytes=inputs * tb, flops=MATH_FLOPS_PER_ELEMENT[op] * tile, store_bytes=tb,
-                  writes=(Move(Loc(hbm, inputs * span), tb, tb),), buffers=BUFFERS, label=f"{op} x{tiles}")
+                  fetch_bytes=inputs * tb, flops=flops * tile, store_bytes=ob,
+                  writes=(Move(Loc(hbm, inputs * span), ob, ob),), buffers=BUFFERS, label=f"{op} x{tiles}")
 
 
 def elementwise(op: str, n: int, *, inputs: int = 2, dtype: str = "f16", elem_bytes: int = 2, pes=None,
-                machine, mode: str = "fast"):
+                machine, mode: str = "fast", flops_per_element: int | None = None, out_ratio: float = 1.0):
     """Simulate ``op`` over ``n`` elements with ``inputs`` operands; -> RunResult."""
-    if op not in MATH_FLOPS_PER_ELEMENT:
+    if flops_per_element is None and op not in MATH_FLOPS_PER_ELEMENT:
         raise ValueError(f"elementwise: unknown op '{op}' (known: {', '.join(MATH_FLOPS_PER_ELEMENT)})")
     if n < 1:
         raise ValueError(f"elementwise: {n} elements")
     group = list(range(len(machine.pes))) if pes is None else list(pes)
     group = group[:max(1, min(len(group), n))]
-    return launch(elementwise_kernel, group, machine, op, n, inputs, elem_bytes, dtype, mode=mode, name=op)
+    flops = MATH_FLOPS_PER_ELEMENT[op] if flops_per_element is None else flops_per_element
+    return launch(elementwise_kernel, group, machine, op, n, inputs, elem_bytes, dtype, flops, out_ratio,
+                  mode=mode, name=op)

@@ -19,15 +19,19 @@ MATH_OPS = {"add": "add", "sub": "add", "mul": "mul", "div": "div", "maximum": "
 
 
 def _handler(func, args, kwargs):
+    """Out-of-place ops return a new tensor; in-place ones (``add_``) update ``args[0]``."""
     name = func.overloadpacket.__name__
+    base = name.rstrip("_")
     same_device(name, args)
     out = func(*(local(a) for a in args), **kwargs)
     dtype, eb = dtype_of(name, out)
     inputs = sum(1 for a in args if isinstance(a, torch.Tensor))
-    run = elementwise(MATH_OPS[name], out.numel(), inputs=inputs, dtype=dtype, elem_bytes=eb, machine=machine())
-    flops = MATH_FLOPS_PER_ELEMENT[MATH_OPS[name]] * out.numel()
-    record(f"aten::{name}", args, f"elementwise {MATH_OPS[name]}", run, flops)
+    run = elementwise(MATH_OPS[base], out.numel(), inputs=inputs, dtype=dtype, elem_bytes=eb, machine=machine())
+    flops = MATH_FLOPS_PER_ELEMENT[MATH_OPS[base]] * out.numel()
+    record(f"aten::{name}", args, f"elementwise {MATH_OPS[base]}", run, flops)
+    if name.endswith("_"):
+        return args[0]
     return AhbmTensor(out, default_spec(len(machine().pes)))
 
 
-implements(*MATH_OPS)(_handler)
+implements(*MATH_OPS, *(f"{op}_" for op in ("add", "sub", "mul", "div")))(_handler)

@@ -21,7 +21,7 @@ METADATA = {
     "detach", "alias", "view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze",
     "slice", "select", "as_strided", "_reshape_alias", "clone",
 }
-HOST_WRITES = {"copy_", "zero_", "fill_", "normal_", "uniform_", "random_", "bernoulli_", "_to_copy", "arange",
+HOST_WRITES = {"copy_", "zero_", "fill_", "normal_", "uniform_", "random_", "bernoulli_", "_to_copy", "to", "arange",
                "lift_fresh", "set_", "resize_"}
 
 
@@ -66,7 +66,8 @@ class AhbmTensor(torch.Tensor):
         from .dispatch import HANDLERS
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
-        if name == "_to_copy" and kwargs.get("device") is not None and torch.device(kwargs["device"]).type != DEVICE:
+        if name in ("_to_copy", "to") and kwargs.get("device") is not None \
+                and torch.device(kwargs["device"]).type != DEVICE:
             return func(args[0]._local, *args[1:], **kwargs)
         if name in HANDLERS:
             return HANDLERS[name](func, args, kwargs)

@@ -1,0 +1,29 @@
+"""Softmax, row reductions and normalisation on the ahbm device: one vector pass each.
+
+Numerics: the torch op on the local values. Timing: the vector MATH kernel over the input's
+elements with the op's work per element (softmax: max, subtract, exp, sum, divide = 8
+flops; log-softmax 9; rms_norm: square, sum, rsqrt, two multiplies = 5; a reduction: 1)
+and its output size (``out_ratio``).
+"""
+from __future__ import annotations
+
+from ..ops.elementwise import elementwise
+from .dispatch import implements, same_device
+from .kernels import dtype_of, machine, record
+from .tensor import AhbmTensor, default_spec, local
+
+FLOPS = {"_softmax": 8, "softmax": 8, "_log_softmax": 9, "log_softmax": 9, "rms_norm": 5, "mean": 1, "sum": 1, "amax": 1, "pow": 1}
+
+
+@implements(*FLOPS)
+def vector_pass(func, args, kwargs):
+    name = func.overloadpacket.__name__
+    same_device(name, args)
+    x = local(args[0])
+    out = func(*(local(a) for a in args), **kwargs)
+    dtype, eb = dtype_of(name, x)
+    n = x.numel()
+    run = elementwise(name, n, inputs=1, dtype=dtype, elem_bytes=eb, machine=machine(),
+                      flops_per_element=FLOPS[name], out_ratio=out.numel() / max(1, n))
+    record(f"aten::{name}", args, f"vector {name}", run, FLOPS[name] * n)
+    return AhbmTensor(out, default_spec(len(machine().pes)))
