@@ -4,7 +4,8 @@ Importing kbtorch registers the ``"ahbm"`` torch device (``kbtorch.tensor.device
 """
 from .profiler import profile
 from .tensor.device import register as _register
+from .tensor.tensor import timing_only
 
 _register()
 
-__all__ = ["profile"]
+__all__ = ["profile", "timing_only"]

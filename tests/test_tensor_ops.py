@@ -137,3 +137,28 @@ def test_examples_run_and_match_cpu(capsys, name, argv):
     assert _example(name).main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["allclose"] and out["latency_ns"] > 0 and all(op["latency_ns"] > 0 for op in out["ops"])
+
+
+@pytest.mark.parametrize("causal, q_heads, kv_heads, length", [(True, 4, 4, 8), (False, 4, 1, 7), (True, 7, 1, 5)])
+def test_sdpa_fallback_matches_cpu_and_says_so(gen, causal, q_heads, kv_heads, length):
+    q = torch.randn(1, q_heads, length, 16, generator=gen)
+    k, v = torch.randn(1, kv_heads, length, 16, generator=gen), torch.randn(1, kv_heads, length, 16, generator=gen)
+    with kbtorch.profile() as prof:
+        out = F.scaled_dot_product_attention(q.to("ahbm"), k.to("ahbm"), v.to("ahbm"), is_causal=causal,
+                                             enable_gqa=True)
+    close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True))
+    assert {r.name for r in prof.records} == {"sdpa fallback: q @ k^T", "sdpa fallback: softmax", "sdpa fallback: p @ v"}
+    assert all("explicitly slow" in r.detail for r in prof.records)
+
+
+def test_timing_only_holds_no_data_and_still_times(gen):
+    with kbtorch.timing_only():
+        lin = torch.nn.Linear(256, 512, bias=False).half().to("ahbm")
+        x = torch.empty(4, 256, dtype=torch.float16, device="ahbm")
+        with kbtorch.profile() as prof:
+            y = F.silu(lin(x))
+    assert lin.weight._local.is_meta and y._local.is_meta and y.shape == (4, 512)
+    assert [r.name for r in prof.records] == ["aten::mm", "aten::silu"] and prof.total_ns > 0
+    with pytest.raises(RuntimeError, match="timing-only"):
+        y.cpu()
+    assert not torch.ones(2, device="ahbm")._local.is_meta

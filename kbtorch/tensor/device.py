@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..topology import load_machine
-from .tensor import DEVICE, AhbmTensor, default_spec
+from .tensor import DEVICE, AhbmTensor, default_spec, is_timing_only
 
 _LIB = None
 
@@ -42,21 +42,27 @@ def register() -> None:
     _LIB = lib
 
 
+def _home() -> str:
+    return "meta" if is_timing_only() else "cpu"
+
+
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    local = torch.empty(size, dtype=dtype or torch.get_default_dtype())
+    local = torch.empty(size, dtype=dtype or torch.get_default_dtype(), device=_home())
     return AhbmTensor(local, default_spec(n_pes()))
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    local = torch.empty_strided(size, stride, dtype=dtype or torch.get_default_dtype())
+    local = torch.empty_strided(size, stride, dtype=dtype or torch.get_default_dtype(), device=_home())
     return AhbmTensor(local, default_spec(n_pes()))
 
 
 def _copy_from(src, dst, non_blocking=False):
-    """Host <-> ahbm copies (the runtime's untimed deploy and read-back)."""
+    """Host <-> ahbm copies (the runtime's untimed deploy and read-back); nothing to copy
+    into a timing-only tensor."""
     value = src._local if isinstance(src, AhbmTensor) else src
     if isinstance(dst, AhbmTensor):
-        dst._local.copy_(value)
+        if not dst._local.is_meta:
+            dst._local.copy_(value)
     else:
         dst.copy_(value)
     return dst

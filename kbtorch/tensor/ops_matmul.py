@@ -30,7 +30,7 @@ def _gemm(m: int, n: int, k: int, dtype: str):
     raise NotImplementedError(f"kbtorch: no GEMM tiling for M={m} N={n} K={k} {dtype}: {error}")
 
 
-def _timed_mm(op: str, args, m: int, n: int, k: int, dtype: str, detail: str = ""):
+def timed_mm(op: str, args, m: int, n: int, k: int, dtype: str, detail: str = ""):
     run = _gemm(m, n, k, dtype)
     record(op, args, "gemm", run.result, 2 * m * n * k, detail or run.tiling.describe())
 
@@ -49,7 +49,7 @@ def mm(func, args, kwargs):
     a, b = local(args[0]), local(args[1])
     out = _product(a, b)
     dtype, _ = dtype_of("mm", a)
-    _timed_mm("aten::mm", args, a.shape[0], b.shape[1], a.shape[1], dtype)
+    timed_mm("aten::mm", args, a.shape[0], b.shape[1], a.shape[1], dtype)
     return _wrap(out)
 
 
@@ -60,7 +60,7 @@ def addmm(func, args, kwargs):
     out = (_product(a, b).float() + bias.float()).to(a.dtype)
     dtype, eb = dtype_of("addmm", a)
     m, n, k = a.shape[0], b.shape[1], a.shape[1]
-    _timed_mm("aten::addmm", args, m, n, k, dtype)
+    timed_mm("aten::addmm", args, m, n, k, dtype)
     run = elementwise("add", m * n, dtype=dtype, elem_bytes=eb, machine=machine())
     record("aten::addmm (bias)", args, "elementwise add", run, m * n)
     return _wrap(out)
@@ -73,5 +73,5 @@ def bmm(func, args, kwargs):
     out = torch.stack([_product(x, y) for x, y in zip(a, b)])
     dtype, _ = dtype_of("bmm", a)
     for _ in range(a.shape[0]):
-        _timed_mm("aten::bmm", args, a.shape[1], b.shape[2], a.shape[2], dtype)
+        timed_mm("aten::bmm", args, a.shape[1], b.shape[2], a.shape[2], dtype)
     return _wrap(out)

@@ -7,6 +7,8 @@ it holds ``_local`` (the numeric value as one CPU tensor, the global view) and `
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch.utils._pytree import tree_map
 
@@ -23,6 +25,26 @@ METADATA = {
 }
 HOST_WRITES = {"copy_", "zero_", "fill_", "normal_", "uniform_", "random_", "bernoulli_", "_to_copy", "to", "arange",
                "lift_fresh", "set_", "resize_"}
+
+
+_TIMING_ONLY = [False]
+
+
+@contextmanager
+def timing_only():
+    """Inside this block new ahbm tensors hold no data (a meta tensor inside): ops still run
+    their kernels on the simulator, so full-size models fit in memory; asking for values
+    (``.cpu()``) raises."""
+    old = _TIMING_ONLY[0]
+    _TIMING_ONLY[0] = True
+    try:
+        yield
+    finally:
+        _TIMING_ONLY[0] = old
+
+
+def is_timing_only() -> bool:
+    return _TIMING_ONLY[0]
 
 
 def default_spec(n_pes: int) -> Spec:
@@ -58,6 +80,16 @@ class AhbmTensor(torch.Tensor):
         return self._spec.placements
 
     @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """Catch ops that must arrive whole (SDPA); everything else goes on to dispatch."""
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            from .ops_attention import sdpa_fallback
+            return sdpa_fallback(args, kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         """Order: (1) a copy to another device returns a plain tensor there; (2) an op with
         a registered handler (``dispatch.HANDLERS``) runs its tile kernel; (3) metadata ops
@@ -68,6 +100,9 @@ class AhbmTensor(torch.Tensor):
         name = func.overloadpacket.__name__
         if name in ("_to_copy", "to") and kwargs.get("device") is not None \
                 and torch.device(kwargs["device"]).type != DEVICE:
+            if args[0]._local.is_meta:
+                raise RuntimeError(f"kbtorch: this ahbm tensor {tuple(args[0].shape)} was made in timing-only mode "
+                                   f"and holds no data; its values are not available")
             return func(args[0]._local, *args[1:], **kwargs)
         if name in HANDLERS:
             return HANDLERS[name](func, args, kwargs)
