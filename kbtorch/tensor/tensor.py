@@ -79,6 +79,15 @@ class AhbmTensor(torch.Tensor):
     def placements(self) -> tuple:
         return self._spec.placements
 
+    def redistribute(self, placements) -> "AhbmTensor":
+        """This tensor with new placements; the collective it needs is timed."""
+        from .redistribute import redistribute
+        return redistribute(self, placements)
+
+    def full_tensor(self) -> torch.Tensor:
+        from .redistribute import full_tensor
+        return full_tensor(self)
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         """Catch ops that must arrive whole (SDPA); everything else goes on to dispatch."""

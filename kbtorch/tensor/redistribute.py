@@ -1,0 +1,86 @@
+"""Placement changes of ahbm tensors, timed by the collective kernels.
+
+``distribute_tensor(t, mesh, placements)`` deploys a host tensor (untimed, like ``.to``).
+``redistribute(x, placements)`` changes the placement mesh dimension by mesh dimension and
+runs the collective that change needs on the PEs of every line of that dimension at once
+(``kbtorch.ops.collective.concurrent``), recording it on the stream:
+
+- ``Shard(d) -> Replicate()``: all-gather; ``Partial() -> Replicate()``: all-reduce;
+  ``Partial() -> Shard(d)``: reduce-scatter, each of the tensor's full size per member;
+- ``Replicate() -> Shard(d)``: every PE keeps its part of what it has: no data moves;
+- other changes (``Shard(d) -> Shard(e)``, ``-> Partial()``) are not supported yet.
+
+The numeric value is the tensor's global value, which no placement change alters. A
+payload that does not split into the algorithm's blocks is padded up to the next multiple
+of 2 x members elements (the padding is timed, it is what a kernel would move).
+"""
+from __future__ import annotations
+
+from math import prod
+
+import torch
+
+from ..ops.collective import concurrent
+from .kernels import dtype_of, machine
+from .placement import Partial, Replicate, Shard, Spec
+from .stream import STREAM
+from .tensor import AhbmTensor
+
+
+def distribute_tensor(t: torch.Tensor, mesh, placements) -> AhbmTensor:
+    """A host tensor placed on ``mesh`` (untimed deployment, like ``.to("ahbm")``)."""
+    spec = Spec(mesh, tuple(placements))
+    spec.check(tuple(t.shape))
+    for pe in mesh.pes:
+        if not 0 <= pe < len(machine().pes):
+            raise ValueError(f"mesh PE {pe} is outside topology '{machine().name}'")
+    local = t.detach().to("cpu").clone() if not isinstance(t, AhbmTensor) else t._local
+    return AhbmTensor(local, spec)
+
+
+def _lines(mesh, dim: int) -> list[tuple]:
+    """PE groups along mesh dimension ``dim``: one per combination of the other coordinates."""
+    shape = mesh.shape
+    stride = prod(shape[dim + 1:])
+    out = []
+    for base in range(len(mesh.pes)):
+        if (base // stride) % shape[dim] == 0:
+            out.append(tuple(mesh.pes[base + i * stride] for i in range(shape[dim])))
+    return out
+
+
+def _kind(old, new) -> str | None:
+    if old == new or (isinstance(old, Replicate) and isinstance(new, Shard)):
+        return None
+    if isinstance(old, Shard) and isinstance(new, Replicate):
+        return "all_gather"
+    if isinstance(old, Partial) and isinstance(new, Replicate):
+        return "all_reduce"
+    if isinstance(old, Partial) and isinstance(new, Shard):
+        return "reduce_scatter"
+    raise NotImplementedError(f"kbtorch: redistribute {old!r} -> {new!r} is not supported yet")
+
+
+def redistribute(x: AhbmTensor, placements) -> AhbmTensor:
+    """``x`` with new ``placements`` on the same mesh (see the module docstring)."""
+    spec = Spec(x._spec.mesh, tuple(placements))
+    spec.check(tuple(x.shape))
+    name, eb = dtype_of("redistribute", x._local)
+    for dim, (old, new) in enumerate(zip(x._spec.placements, spec.placements)):
+        kind = _kind(old, new)
+        if kind is None:
+            continue
+        lines = _lines(spec.mesh, dim)
+        n = len(lines[0])
+        elems = -(-x.numel() // (2 * n)) * 2 * n
+        specs = [dict(kind=kind, group=list(g), nbytes=elems * eb, dtype=name, algo="ring") for g in lines]
+        finish = concurrent(specs, topology=machine())
+        STREAM.record(f"redistribute {old!r}->{new!r}", (tuple(x.shape),), f"{kind} ring x{len(lines)}",
+                      max(finish), bytes=elems * eb * len(specs), detail=f"mesh dim {dim}, {n} PEs per group")
+    return AhbmTensor(x._local, spec)
+
+
+def full_tensor(x: AhbmTensor) -> torch.Tensor:
+    """The global value on the host, after making it replicated (timed)."""
+    rep = redistribute(x, [Replicate()] * len(x._spec.placements))
+    return rep.cpu()
