@@ -42,9 +42,10 @@ def elementwise_kernel(ctx, op: str, n: int, inputs: int, elem_bytes: int, dtype
     ob = max(elem_bytes, round(tb * out_ratio) // elem_bytes * elem_bytes)
     staging = ctx.tcm("staging", BUFFERS * (inputs * tb + ob))
     reads = tuple(Move(Loc(hbm, i * span), tb, tb) for i in range(inputs))
+    # NOTE: a copy (no MATH work) only stages tiles through TCM: DMA_READ -> DMA_WRITE.
+    engine = dict(fetch_bytes=inputs * tb, flops=flops * tile, store_bytes=ob) if flops else {}
     ctx.composite(tiles=tiles, staging=staging.at(), engine="math", dtype=dtype, reads=reads,
-                  fetch_bytes=inputs * tb, flops=flops * tile, store_bytes=ob,
-                  writes=(Move(Loc(hbm, inputs * span), ob, ob),), buffers=BUFFERS, label=f"{op} x{tiles}")
+                  writes=(Move(Loc(hbm, inputs * span), ob, ob),), buffers=BUFFERS, label=f"{op} x{tiles}", **engine)
 
 
 def elementwise(op: str, n: int, *, inputs: int = 2, dtype: str = "f16", elem_bytes: int = 2, pes=None,

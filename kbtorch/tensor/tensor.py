@@ -21,7 +21,7 @@ DEVICE = "ahbm"
 #: allows; a copy-in (``copy_``, ``fill_``, random init) is the host's untimed deployment.
 METADATA = {
     "detach", "alias", "view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze",
-    "slice", "select", "as_strided", "_reshape_alias", "clone",
+    "slice", "select", "as_strided", "_reshape_alias",
 }
 HOST_WRITES = {"copy_", "zero_", "fill_", "normal_", "uniform_", "random_", "bernoulli_", "_to_copy", "to", "arange",
                "lift_fresh", "set_", "resize_"}
