@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+import kbtorch
 from kbtorch.tensor import AhbmTensor, Mesh, Partial, Replicate, Shard, Spec
 from kbtorch.tensor.device import register
 
@@ -82,3 +83,23 @@ def test_placements_validate():
         Spec(mesh, (Replicate(),))
     with pytest.raises(ValueError, match="needs 8 PEs"):
         Mesh(tuple(range(7)), (2, 4))
+
+
+def test_hbm_full_is_a_clear_error_and_changes_nothing():
+    import gc
+
+    from kbtorch.tensor.device import hbm_book
+    from kbtorch.tensor.memory import HbmFull
+    book = hbm_book()
+    gc.collect()
+    before = dict(book.used)
+    with kbtorch.timing_only():
+        with pytest.raises(HbmFull, match=r"does not fit in PE 0's HBM"):
+            torch.empty(255, 255, 255, 200, dtype=torch.float16, device="ahbm")   # 6.6 GB on every PE
+        assert book.used == before
+        w = torch.empty(18944, 3584, dtype=torch.float16, device="ahbm")           # sharded: 530 KB a PE
+        assert w.placements == (Shard(0),)
+        assert book.used[0] - before[0] == -(-18944 * 3584 * 2 // 256)
+    del w
+    gc.collect()
+    assert book.used == before

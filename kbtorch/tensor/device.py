@@ -15,13 +15,23 @@ from __future__ import annotations
 import torch
 
 from ..topology import load_machine
+from .memory import HbmBook
 from .tensor import DEVICE, AhbmTensor, default_spec, is_timing_only
 
 _LIB = None
+_BOOK = []
 
 
 def n_pes() -> int:
     return len(load_machine("ahbm").pes)
+
+
+def hbm_book() -> HbmBook:
+    """The HBM book of the device (one per process)."""
+    if not _BOOK:
+        m = load_machine("ahbm")
+        _BOOK.append(HbmBook({pe.id: int(m.node(pe.hbm)["params"]["capacity_gib"] * 2**30) for pe in m.pes}))
+    return _BOOK[0]
 
 
 def register() -> None:
@@ -48,12 +58,12 @@ def _home() -> str:
 
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     local = torch.empty(size, dtype=dtype or torch.get_default_dtype(), device=_home())
-    return AhbmTensor(local, default_spec(n_pes()))
+    return AhbmTensor(local, default_spec(n_pes(), tuple(size)))
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     local = torch.empty_strided(size, stride, dtype=dtype or torch.get_default_dtype(), device=_home())
-    return AhbmTensor(local, default_spec(n_pes()))
+    return AhbmTensor(local, default_spec(n_pes(), tuple(size)))
 
 
 def _copy_from(src, dst, non_blocking=False):

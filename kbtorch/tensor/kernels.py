@@ -14,6 +14,12 @@ def machine():
     return load_machine("ahbm")
 
 
+def wrap(out: torch.Tensor):
+    """An op's result as a new ahbm tensor, placed by default for its shape."""
+    from .tensor import AhbmTensor, default_spec
+    return AhbmTensor(out, default_spec(len(machine().pes), tuple(out.shape)))
+
+
 def dtype_of(op: str, t: torch.Tensor) -> tuple[str, int]:
     if t.dtype not in DTYPES:
         raise NotImplementedError(f"kbtorch: {op} on ahbm tensors of dtype {t.dtype} is not supported "

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 
 from ..ops.elementwise import elementwise
 from .dispatch import same_device
-from .kernels import dtype_of, machine, record
+from .kernels import dtype_of, machine, record, wrap
 from .ops_matmul import timed_mm
-from .tensor import AhbmTensor, default_spec, local
+from .tensor import AhbmTensor, local
 
 
 def sdpa_fallback(args, kwargs) -> AhbmTensor:
@@ -35,4 +35,4 @@ def sdpa_fallback(args, kwargs) -> AhbmTensor:
            "unfused fallback (explicitly slow)")
     for _ in range(heads):
         timed_mm("sdpa fallback: p @ v", (q, v), length, ev, s, dtype, "unfused fallback (explicitly slow)")
-    return AhbmTensor(out, default_spec(len(machine().pes)))
+    return wrap(out)

@@ -11,8 +11,8 @@ import torch
 
 from ..ops.elementwise import elementwise
 from .dispatch import implements, same_device
-from .kernels import dtype_of, machine, record
-from .tensor import AhbmTensor, default_spec, local
+from .kernels import dtype_of, machine, record, wrap
+from .tensor import local
 
 
 def _flat(args) -> list:
@@ -33,4 +33,4 @@ def copy_pass(func, args, kwargs):
     run = elementwise("copy", out.numel(), inputs=1, dtype=dtype, elem_bytes=eb, machine=machine(),
                       flops_per_element=0)
     record(f"aten::{name}", tensors, "copy", run, 0)
-    return AhbmTensor(out, default_spec(len(machine().pes)))
+    return wrap(out)

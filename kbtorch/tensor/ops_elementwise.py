@@ -10,8 +10,8 @@ import torch
 from ..kernel.api import MATH_FLOPS_PER_ELEMENT
 from ..ops.elementwise import elementwise
 from .dispatch import implements, same_device
-from .kernels import dtype_of, machine, record
-from .tensor import AhbmTensor, default_spec, local
+from .kernels import dtype_of, machine, record, wrap
+from .tensor import local
 
 #: aten op -> MATH engine op (its flops per element are the kernel API's).
 MATH_OPS = {"add": "add", "sub": "add", "mul": "mul", "div": "div", "maximum": "max", "silu": "silu",
@@ -31,7 +31,7 @@ def _handler(func, args, kwargs):
     record(f"aten::{name}", args, f"elementwise {MATH_OPS[base]}", run, flops)
     if name.endswith("_"):
         return args[0]
-    return AhbmTensor(out, default_spec(len(machine().pes)))
+    return wrap(out)
 
 
 implements(*MATH_OPS, *(f"{op}_" for op in ("add", "sub", "mul", "div")))(_handler)

@@ -14,8 +14,8 @@ import torch
 from ..ops.elementwise import elementwise
 from ..ops.gemm import gemm
 from .dispatch import implements, same_device
-from .kernels import dtype_of, machine, record
-from .tensor import AhbmTensor, default_spec, local
+from .kernels import dtype_of, machine, record, wrap
+from .tensor import local
 
 
 @lru_cache(maxsize=256)
@@ -39,10 +39,6 @@ def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.float() @ b.float()).to(a.dtype)
 
 
-def _wrap(t: torch.Tensor) -> AhbmTensor:
-    return AhbmTensor(t, default_spec(len(machine().pes)))
-
-
 @implements("mm")
 def mm(func, args, kwargs):
     same_device("mm", args)
@@ -50,7 +46,7 @@ def mm(func, args, kwargs):
     out = _product(a, b)
     dtype, _ = dtype_of("mm", a)
     timed_mm("aten::mm", args, a.shape[0], b.shape[1], a.shape[1], dtype)
-    return _wrap(out)
+    return wrap(out)
 
 
 @implements("addmm")
@@ -63,7 +59,7 @@ def addmm(func, args, kwargs):
     timed_mm("aten::addmm", args, m, n, k, dtype)
     run = elementwise("add", m * n, dtype=dtype, elem_bytes=eb, machine=machine())
     record("aten::addmm (bias)", args, "elementwise add", run, m * n)
-    return _wrap(out)
+    return wrap(out)
 
 
 @implements("bmm")
@@ -74,4 +70,4 @@ def bmm(func, args, kwargs):
     dtype, _ = dtype_of("bmm", a)
     for _ in range(a.shape[0]):
         timed_mm("aten::bmm", args, a.shape[1], b.shape[2], a.shape[2], dtype)
-    return _wrap(out)
+    return wrap(out)

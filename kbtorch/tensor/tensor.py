@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import torch
 from torch.utils._pytree import tree_map
 
-from .placement import Mesh, Replicate, Spec
+from .placement import Mesh, Replicate, Shard, Spec
 
 DEVICE = "ahbm"
 
@@ -47,9 +47,15 @@ def is_timing_only() -> bool:
     return _TIMING_ONLY[0]
 
 
-def default_spec(n_pes: int) -> Spec:
-    """Where ``.to("ahbm")`` puts a tensor: replicated over a flat mesh of every PE."""
-    return Spec(Mesh(tuple(range(n_pes)), (n_pes,)), (Replicate(),))
+def default_spec(n_pes: int, shape: tuple = ()) -> Spec:
+    """Where a new ahbm tensor goes: sharded along its first dimension of at least
+    ``n_pes`` rows over a flat mesh of every PE (large weights and activations), else
+    replicated on every PE (small tensors)."""
+    mesh = Mesh(tuple(range(n_pes)), (n_pes,))
+    for d, size in enumerate(shape):
+        if size >= n_pes:
+            return Spec(mesh, (Shard(d),))
+    return Spec(mesh, (Replicate(),))
 
 
 class AhbmTensor(torch.Tensor):
@@ -59,10 +65,14 @@ class AhbmTensor(torch.Tensor):
     _spec: Spec
 
     @staticmethod
-    def __new__(cls, local: torch.Tensor, spec: Spec, requires_grad: bool = False):
+    def __new__(cls, local: torch.Tensor, spec: Spec, requires_grad: bool = False, owns: bool = True):
+        """``owns``: the tensor has a buffer of its own in HBM (not a view), which must fit."""
         r = torch.Tensor._make_wrapper_subclass(cls, local.shape, strides=local.stride(), dtype=local.dtype,
                                                 device=torch.device(DEVICE, 0), requires_grad=requires_grad)
         r._local, r._spec = local, spec
+        if owns:
+            from .device import hbm_book
+            hbm_book().reserve(r, spec, tuple(local.shape), local.numel() * local.element_size())
         return r
 
     def __repr__(self, *, tensor_contents=None) -> str:
@@ -73,7 +83,7 @@ class AhbmTensor(torch.Tensor):
 
     @staticmethod
     def __tensor_unflatten__(inner: dict, spec, outer_size, outer_stride):
-        return AhbmTensor(inner["_local"], spec)
+        return AhbmTensor(inner["_local"], spec, owns=False)
 
     @property
     def placements(self) -> tuple:
@@ -123,7 +133,8 @@ class AhbmTensor(torch.Tensor):
                 return kwargs["out"]
             if name.endswith("_") and isinstance(args[0], AhbmTensor):
                 return args[0]
-            return tree_map(lambda x: AhbmTensor(x, spec) if isinstance(x, torch.Tensor) else x, out)
+            owns = name not in METADATA
+            return tree_map(lambda x: AhbmTensor(x, spec, owns=owns) if isinstance(x, torch.Tensor) else x, out)
         raise NotImplementedError(f"kbtorch: {func} on ahbm tensors is not supported yet "
                                   f"(no tile kernel is registered for it)")
 
