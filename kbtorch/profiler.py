@@ -75,17 +75,21 @@ class Profile:
         return KeyAverages(self.records)
 
     def export_chrome_trace(self, path: str) -> None:
-        """Chrome/Perfetto JSON: one complete event per op, on one track per kernel."""
-        tracks = {}
+        """Chrome/Perfetto JSON: every op on its kernel's track, and on one track per engine
+        role and per link kind an event over the op's span named with how busy it was
+        (engines: mean over the PEs used; links: the busiest link of the kind)."""
+        tracks: dict = {}
         events = []
         for r in self.records:
-            tid = tracks.setdefault(r.kernel, len(tracks) + 1)
-            events.append({"name": r.name, "cat": r.kernel, "ph": "X", "pid": 1, "tid": tid,
-                           "ts": r.start_ns / 1000, "dur": r.latency_ns / 1000,
-                           "args": {"shapes": [list(s) for s in r.shapes], "bottleneck": r.bottleneck,
-                                    "flops": r.flops, "bytes": r.bytes, "detail": r.detail}})
-        events += [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": kernel}}
-                   for kernel, tid in tracks.items()]
+            base = {"ph": "X", "pid": 1, "ts": r.start_ns / 1000, "dur": r.latency_ns / 1000}
+            events.append(dict(base, name=r.name, cat=r.kernel, tid=tracks.setdefault(r.kernel, len(tracks) + 1),
+                               args={"shapes": [list(s) for s in r.shapes], "bottleneck": r.bottleneck,
+                                     "flops": r.flops, "bytes": r.bytes, "detail": r.detail}))
+            for track, busy in r.usage:
+                events.append(dict(base, name=f"{r.name} {100 * busy:.0f}%", cat="usage",
+                                   tid=tracks.setdefault(track, len(tracks) + 1), args={"busy": busy}))
+        events += [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}
+                   for name, tid in tracks.items()]
         with open(path, "w") as fh:
             json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, fh)
 

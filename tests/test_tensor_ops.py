@@ -105,8 +105,12 @@ def test_profile_table_and_chrome_trace(tmp_path, gen):
     path = tmp_path / "trace.json"
     prof.export_chrome_trace(str(path))
     events = json.loads(path.read_text())["traceEvents"]
-    ops = [e for e in events if e["ph"] == "X"]
+    ops = [e for e in events if e["ph"] == "X" and e["cat"] != "usage"]
+    usage = [e for e in events if e["ph"] == "X" and e["cat"] == "usage"]
     assert len(ops) == len(prof.records) and len({e["tid"] for e in ops}) >= 2
+    tracks = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert {"engine gemm", "engine math", "links noc"} <= tracks and usage
+    assert all(0 < e["args"]["busy"] <= 1 for e in usage)
 
 
 def test_errors_like_torch(gen):

@@ -37,7 +37,17 @@ def hbm_bytes(result) -> int:
     return sum(s["bursts"] for s in result.stats["memories"].values()) * machine().flit_bytes
 
 
+def usage(result) -> tuple:
+    """(track, busy fraction) of a run: each engine role (mean over the PEs that used it)
+    and each link kind (its busiest link), over the run's latency."""
+    span = result.latency_ps or 1
+    pes = max(1, len(result.pe_finish_ps))
+    out = [(f"engine {role}", e["busy_ps"] / span / pes) for role, e in sorted(result.stats["engines"].items())]
+    out += [(f"links {kind}", link["max_busy_ps"] / span) for kind, link in sorted(result.stats["links"].items())]
+    return tuple((track, round(min(1.0, f), 4)) for track, f in out)
+
+
 def record(op: str, args, kernel: str, result, flops: int, detail: str = ""):
     shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
     return STREAM.record(op, shapes, kernel, result.latency_ns, flops=flops, bytes=hbm_bytes(result),
-                         bottleneck=bottleneck(result), detail=detail)
+                         bottleneck=bottleneck(result), detail=detail, usage=usage(result))

@@ -20,6 +20,7 @@ class OpRecord:
     bytes: int = 0
     bottleneck: str = ""
     detail: str = ""
+    usage: tuple = ()
 
     @property
     def tflops(self) -> float:
