@@ -5,6 +5,7 @@ a timing pass on the simulator, a numeric pass with torch), checks the product a
 torch on CPU and prints each op's simulated latency and throughput.
 
     python examples/matmul_latency.py [--m 1024 --n 1024 --k 1024] [--dtype f16] [--json]
+    python examples/matmul_latency.py --timing-only --m 8192 --n 8192 --k 8192
 """
 from __future__ import annotations
 
@@ -25,8 +26,18 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--k", type=int, default=1024)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="f16")
+    ap.add_argument("--timing-only", action="store_true", help="no data (any size fits), no check")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.timing_only:
+        with kbtorch.timing_only(), kbtorch.profile() as prof:
+            a = torch.empty(args.m, args.k, dtype=DTYPES[args.dtype], device="ahbm")
+            a @ torch.empty(args.k, args.n, dtype=DTYPES[args.dtype], device="ahbm")
+        mm = prof.records[0]
+        out = {"latency_ns": mm.latency_ns, "mm_tflops": mm.tflops, "tiling": mm.detail}
+        print(json.dumps(out) if args.json else f"{args.m}x{args.k} @ {args.k}x{args.n} {args.dtype}: "
+              f"{mm.latency_ns / 1000:.2f} us, {mm.tflops:.1f} TFLOP/s ({mm.detail}), timing only")
+        return 0
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(args.m, args.k, generator=gen).to(DTYPES[args.dtype])
     b = torch.randn(args.k, args.n, generator=gen).to(DTYPES[args.dtype])
