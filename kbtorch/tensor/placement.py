@@ -70,3 +70,35 @@ class Spec:
 
     def __repr__(self) -> str:
         return f"Spec({len(self.mesh.pes)} PEs {self.mesh.shape}, {list(self.placements)})"
+
+
+def view_placements(placements: tuple, op: str, args: tuple, in_shape: tuple, out_shape: tuple) -> tuple:
+    """Placements of the result of a view ``op`` (``t``, ``transpose``, ``permute`` move the
+    sharded dimension; other views keep it where the dimensions before it are unchanged).
+
+    NOTE: a view that splits or merges the sharded dimension would need a re-layout; its
+    result is taken as ``Replicate()`` (values are unaffected, only the placement)."""
+    out = []
+    for p in placements:
+        if not isinstance(p, Shard):
+            out.append(p)
+            continue
+        d = p.dim % len(in_shape) if in_shape else 0
+        out.append(_moved(d, op, args, in_shape, out_shape))
+    return tuple(out)
+
+
+def _moved(d: int, op: str, args: tuple, in_shape: tuple, out_shape: tuple):
+    if op == "t" and len(in_shape) == 2:
+        return Shard(1 - d)
+    if op == "transpose":
+        a, b = (x % len(in_shape) for x in args[1:3])
+        return Shard(b if d == a else a if d == b else d)
+    if op == "permute":
+        perm = [x % len(in_shape) for x in args[1]]
+        return Shard(perm.index(d))
+    before = prod(in_shape[:d])
+    for e, size in enumerate(out_shape):
+        if size == in_shape[d] and prod(out_shape[:e]) == before:
+            return Shard(e)
+    return Replicate()

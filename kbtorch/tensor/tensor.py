@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import torch
 from torch.utils._pytree import tree_map
 
-from .placement import Mesh, Replicate, Shard, Spec
+from .placement import Mesh, Replicate, Shard, Spec, view_placements
 
 DEVICE = "ahbm"
 
@@ -134,7 +134,17 @@ class AhbmTensor(torch.Tensor):
             if name.endswith("_") and isinstance(args[0], AhbmTensor):
                 return args[0]
             owns = name not in METADATA
-            return tree_map(lambda x: AhbmTensor(x, spec, owns=owns) if isinstance(x, torch.Tensor) else x, out)
+            base = found[0]
+
+            def place(x):
+                if not isinstance(x, torch.Tensor):
+                    return x
+                placed = spec
+                if name in METADATA:
+                    placed = Spec(spec.mesh, view_placements(spec.placements, name, args, tuple(base.shape),
+                                                             tuple(x.shape)))
+                return AhbmTensor(x, placed, owns=owns)
+            return tree_map(place, out)
         raise NotImplementedError(f"kbtorch: {func} on ahbm tensors is not supported yet "
                                   f"(no tile kernel is registered for it)")
 
