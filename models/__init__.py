@@ -1,0 +1,1 @@
+"""Model definitions in plain torch (run them on CPU or move them to "ahbm")."""
