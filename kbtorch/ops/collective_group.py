@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from itertools import product
+from functools import cached_property
 
 from .collective_plan import CollectiveError
 
@@ -39,7 +39,7 @@ class Grid:
         c = self.coords[m]
         return [self._at[c[:j] + (p,) + c[j + 1:]] for p in range(self.dims[j])]
 
-    @property
+    @cached_property
     def _at(self) -> dict:
         return {c: m for m, c in enumerate(self.coords)}
 
@@ -153,7 +153,3 @@ def _snake(dims: tuple) -> list:
         part = inner if v % 2 == 0 else inner[::-1]
         out += [c + (v,) for c in part]
     return out
-
-
-def all_coords(dims: tuple):
-    return product(*(range(d) for d in dims))

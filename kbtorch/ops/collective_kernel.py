@@ -37,7 +37,6 @@ MAX_PACKET = 2**20
 #: Up to this many bytes per member, values between steps stay in a TCM buffer instead of
 #: HBM scratch (small collectives are latency-bound: no HBM round trip per step).
 TCM_VALUES = 256 * 1024
-DESC = 32
 
 
 def packet_size(block_bytes: int) -> int:
