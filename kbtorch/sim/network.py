@@ -291,9 +291,9 @@ def _shared(link: Link, head: int, tail: int, n: int, ser: int, now=None) -> tup
     before ``now`` is forgotten."""
     ts, us = link.ts, link.us
     if now is not None:
-        if not ts:
-            ts.append(head)
-        elif head < ts[0]:
+        if not ts or ts[-1] <= head:
+            return _append(ts, us, head, tail, n, ser, now)
+        if head < ts[0]:
             ts.insert(0, head)
             us.insert(0, 0.0)
         forget(ts, us, min(now, head))
@@ -318,6 +318,22 @@ def _shared(link: Link, head: int, tail: int, n: int, ser: int, now=None) -> tup
     tail_out = max(ceil(avail(ts, us, head, n * ser)), tail + ser)
     occupy(ts, us, head, tail_out, n * ser)
     return head_out, tail_out
+
+
+def _append(ts: list, us: list, head: int, tail: int, n: int, ser: int, now: int) -> tuple[int, int]:
+    """Reservation mode, a link idle from ``head`` on: commit the train after the calendar
+    (keeping the past a later reservation may still fill; trimmed once it is long)."""
+    tail_out = max(tail + ser, head + n * ser)
+    if ts and ts[-1] < head:
+        us.append(0.0)
+        ts.append(head)
+    elif not ts:
+        ts.append(head)
+    us.append(n * ser / (tail_out - head))
+    ts.append(tail_out)
+    if len(ts) > 64:
+        forget(ts, us, min(now, head))
+    return head + ser, tail_out
 
 
 def arrive(tr: Train):
