@@ -9,8 +9,9 @@ The last part compares the 2D mesh of AHBM with its torus variant on the same co
 
 Payloads are rounded down to a multiple of every algorithm's block count; algorithms whose
 alpha-beta estimate is over 3x the best one's are not simulated at that payload. Large groups at
-large payloads take minutes each (see benchmarks/README.md); the default stops AHBM's SIP
-at 16 MiB, ``--full`` goes to 1 GiB everywhere.
+large payloads take minutes each (see benchmarks/README.md): by default the sweep stops at
+64 MiB on torus6's 48 PEs, 256 MiB on a CUBE and 1 MiB on a SIP (about half an hour on
+2 cores); ``--full`` goes to 1 GiB everywhere (hours).
 
     python examples/allreduce_sweep.py [--max-bytes 1GiB] [--full] [--json]
 """
@@ -33,9 +34,9 @@ PRUNE = 3.0
 #: (topology, group, label, largest payload unless --full)
 STUDIES = [
     ("torus6", "0,8,16,24,32,40", "torus6: 6 devices (2x3 torus)", 2**30),
-    ("torus6", "all", "torus6: 48 PEs", 2**28),
-    ("ahbm", "cube", "AHBM: one CUBE (8 PEs)", 2**30),
-    ("ahbm", "sip", "AHBM: one SIP (128 PEs)", 2**24),
+    ("torus6", "all", "torus6: 48 PEs", 2**26),
+    ("ahbm", "cube", "AHBM: one CUBE (8 PEs)", 2**28),
+    ("ahbm", "sip", "AHBM: one SIP (128 PEs)", 2**20),
 ]
 
 
