@@ -120,9 +120,8 @@ def estimates(kind: str, machine, grid, nbytes: int, eb: int, root: int = 0, pac
             continue
         if (nbytes // eb) % sched.blocks or nbytes % eb:
             continue
-        alphas = model.step_alphas(machine, sched, grid.pes)
         block = nbytes // sched.blocks
-        out[algo] = model.alpha_beta_ps(machine, sched, grid.pes, block, alphas, packet_bytes or packet_size(block))
+        out[algo] = model.alpha_beta_ps(machine, sched, grid.pes, block, packet_bytes or packet_size(block))
     return out
 
 
@@ -161,7 +160,7 @@ def collective(kind: str, shards=None, *, group="all", algo: str = "auto", op: s
     worst = max(busy, key=lambda r: (busy[r], model.describe(r)))
     bound = max(startup, busy[worst])
     analytic = cands[algo] if algo in cands else model.alpha_beta_ps(
-        machine, sched, pes, nbytes // sched.blocks, model.step_alphas(machine, sched, pes), kernel.packet_elems * eb)
+        machine, sched, pes, nbytes // sched.blocks, kernel.packet_elems * eb)
     outputs = reference(sched, shards, op) if shards is not None else None
     return CollectiveRun(kind, algo, op, pes, nbytes, dtype, mode, result, bound, startup,
                          "startup" if startup >= busy[worst] else model.describe(worst), analytic, cands, root,

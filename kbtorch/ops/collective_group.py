@@ -127,7 +127,7 @@ def make_grid(machine, pes: tuple) -> Grid:
     for k in varying:
         size *= len(vals[k])
     if not varying or size != len(pes) or len(combos) != len(pes):
-        order = [pes.index(pes[i]) for i in _greedy(machine, list(pes))] if len(pes) <= 16 else list(range(len(pes)))
+        order = _greedy(machine, list(pes)) if len(pes) <= 16 else list(range(len(pes)))
         coords = tuple((order.index(m),) for m in range(len(pes)))
         return Grid(tuple(pes), ("member",), (len(pes),), coords, order)
     rank = {tuple(machine.pes[p].coords[k] for k in varying): r for r, p in enumerate(pes)}

@@ -65,7 +65,7 @@ class CollectiveKernel:
         self.nbytes, self.block_elems = nbytes, elems // sched.blocks
         self.ctx = [PEContext(machine, f"{sched.kind} {sched.algo}", pe, grid.pes) for pe in grid.pes]
         self.uses = self._uses()
-        self.chan_in, self.chan_count = self._channels()
+        self.chan_in = self._channels()
         self.packet_elems = self._packet_elems(packet_bytes)
         self.pieces = [(k, min(self.packet_elems, self.block_elems - k)) for k in range(0, self.block_elems, self.packet_elems)]
         self._layout()
@@ -82,17 +82,14 @@ class CollectiveKernel:
                         uses.setdefault((x.src if role == 0 else x.dst, b), []).append((k, role, x))
         return uses
 
-    def _channels(self):
-        """Per receiver, the senders of reduction data (slot channel index), and the number of
-        uses of each channel (per block piece)."""
+    def _channels(self) -> list:
+        """Per receiver, its senders of reduction data -> slot channel index."""
         chan_in = [dict() for _ in range(self.s.n)]
-        count: dict = {}
         for step in self.s.steps:
             for x in step:
                 if x.reduce:
                     chan_in[x.dst].setdefault(x.src, len(chan_in[x.dst]))
-                    count[(x.src, x.dst)] = count.get((x.src, x.dst), 0) + len(x.blocks)
-        return chan_in, count
+        return chan_in
 
     def _packet_elems(self, packet_bytes) -> int:
         cap = self.ctx[0].arena.capacity

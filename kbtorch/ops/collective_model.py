@@ -117,7 +117,7 @@ def launch_ps(machine, pe: int) -> int:
     return g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"] + machine.issue.cmd_ps(32)
 
 
-def startup_ps(machine, sched, pes: tuple, alphas: list[int] | None = None) -> int:
+def startup_ps(machine, sched, pes: tuple) -> int:
     """alpha_min (see the module docstring): the longest chain of one-flit transfers any
     output block depends on, or the issue of one command per active step, whichever is
     longer; plus the launch."""
@@ -163,8 +163,9 @@ def issue_ps(machine, sched, block_bytes: int, packet_bytes: int) -> int:
     return max(count) * machine.issue.cmd_ps(64)
 
 
-def alpha_beta_ps(machine, sched, pes: tuple, block_bytes: int, alphas: list[int], packet_bytes: int) -> int:
+def alpha_beta_ps(machine, sched, pes: tuple, block_bytes: int, packet_bytes: int) -> int:
     """Step-synchronous alpha-beta estimate (see the module docstring)."""
+    alphas = step_alphas(machine, sched, pes)
     total = launch_ps(machine, pes[0])
     fb = machine.flit_bytes
     g = machine.graph

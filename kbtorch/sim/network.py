@@ -126,7 +126,6 @@ class Network:
         if policy.chunk_flits < 1:
             raise ValueError(f"chunk_flits must be at least 1, got {policy.chunk_flits}")
         self.engine, self.machine, self.policy = engine, machine, policy
-        self.chunk_flits = policy.chunk_flits
         self.flit_bytes = machine.flit_bytes
         self._links: dict = {}
         self._paths: dict = {}
@@ -203,7 +202,7 @@ class Network:
         queue holds one entry per message instead of one per train.
         """
         self.engine.record(msg.corr, msg.path[0], "inject", t, t, f"{msg.what} {msg.n_flits} flits to {msg.path[-1]}")
-        trains = [(0, msg.n_flits)] if whole and self.chunk_flits > 1 else self.chunks(msg.n_flits)
+        trains = [(0, msg.n_flits)] if whole and self.policy.chunk_flits > 1 else self.chunks(msg.n_flits)
         msg.pending += len(trains)
         msg.backlog = (trains, 1, t, chain) if len(trains) > 1 else None
         first, n = trains[0]

@@ -128,7 +128,7 @@ class AhbmTensor(torch.Tensor):
         if name in METADATA or name in HOST_WRITES:
             found = [a for a in (*args, *kwargs.values()) if isinstance(a, AhbmTensor)]
             spec = found[0]._spec
-            out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, _host_kwargs(kwargs)))
+            out = func(*tree_map(local, args), **tree_map(local, _host_kwargs(kwargs)))
             if isinstance(kwargs.get("out"), AhbmTensor):
                 return kwargs["out"]
             if name.endswith("_") and isinstance(args[0], AhbmTensor):
@@ -147,10 +147,6 @@ class AhbmTensor(torch.Tensor):
             return tree_map(place, out)
         raise NotImplementedError(f"kbtorch: {func} on ahbm tensors is not supported yet "
                                   f"(no tile kernel is registered for it)")
-
-
-def _unwrap(x):
-    return x._local if isinstance(x, AhbmTensor) else x
 
 
 def local(x):
