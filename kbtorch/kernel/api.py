@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from ..sim.commands import Composite, Compute, Dma, Fetch, Loc, Send, Signal, Store, Wait
 from ..sim.simulator import RunResult, Simulator
+from ..sim import symmetry
 from .buffers import Buf, TcmArena
 
 MATH_FLOPS_PER_ELEMENT = {"add": 1, "mul": 1, "max": 1, "exp": 4, "silu": 5, "gelu": 8, "rsqrt": 4, "div": 1}
@@ -33,7 +34,14 @@ def _signals(items) -> tuple:
 
 
 def _loc(x) -> Loc:
-    return x.at() if isinstance(x, Buf) else x
+    """A location: a ``Loc``, a TCM ``Buf`` (its start) or a memory node's name (offset 0)."""
+    if isinstance(x, Buf):
+        return x.at()
+    if isinstance(x, str):
+        return Loc(x)
+    if not isinstance(x, Loc):
+        raise TypeError(f"a DMA end must be a Loc, a TCM buffer or a memory node name, got {x!r}")
+    return x
 
 
 class PEContext:
@@ -114,6 +122,14 @@ def build(kernel, pes, machine, *args, name: str | None = None) -> dict:
     return programs
 
 
-def launch(kernel, pes, machine, *args, mode: str = "fast", trace: bool = False, name: str | None = None) -> RunResult:
-    """Build ``kernel``'s programs on ``pes`` and simulate them; -> RunResult."""
-    return Simulator(machine, mode=mode, trace=trace).run(build(kernel, pes, machine, *args, name=name))
+def launch(kernel, pes, machine, *args, mode: str = "fast", trace: bool = False, name: str | None = None,
+           symmetric: bool | None = None) -> RunResult:
+    """Build ``kernel``'s programs on ``pes`` and simulate them; -> RunResult.
+
+    ``symmetric`` (default: on unless ``trace``) simulates one representative of each class
+    of identical independent units (``sim.symmetry``): same latency and counters, fewer events."""
+    programs = build(kernel, pes, machine, *args, name=name)
+    if not (not trace if symmetric is None else symmetric):
+        return Simulator(machine, mode=mode, trace=trace).run(programs)
+    red = symmetry.reduce(machine, programs)
+    return red.expand(Simulator(machine, mode=mode, trace=trace, weight=red.weight).run(red.programs), machine)

@@ -69,7 +69,10 @@ class RunResult:
 class Simulator:
     """A single run on ``machine``; create a new one for each run."""
 
-    def __init__(self, machine, mode: str = "fast", chunk_flits: int | None = None, trace: bool = False):
+    def __init__(self, machine, mode: str = "fast", chunk_flits: int | None = None, trace: bool = False,
+                 weight=None):
+        """``weight(node)``: how many identical units a node stands for in a symmetry-reduced
+        run (``symmetry.reduce``); link, memory and engine counters are scaled by it."""
         if mode not in MODES:
             raise ValueError(f"unknown mode '{mode}' (expected one of {sorted(MODES)})")
         self.machine, self.mode = machine, mode
@@ -82,6 +85,7 @@ class Simulator:
         self.last_t, self.last_chain = 0, None
         self.pe_finish: dict[int, int] = {}
         self._used = False
+        self.weight = weight or (lambda node: 1)
 
     def pe(self, i: int) -> PEModel:
         if not 0 <= i < len(self.machine.pes):
@@ -150,15 +154,17 @@ class Simulator:
         links = {}
         for link in self.network.links():
             s = links.setdefault(link.kind, {"links": 0, "flits": 0, "busy_ps": 0, "max_busy_ps": 0})
-            s["links"] += 1
-            s["flits"] += link.flits
-            s["busy_ps"] += link.flits * link.flit_ps
+            w = self.weight(link.key[0])
+            s["links"] += w
+            s["flits"] += w * link.flits
+            s["busy_ps"] += w * link.flits * link.flit_ps
             s["max_busy_ps"] = max(s["max_busy_ps"], link.flits * link.flit_ps)
         mems = {n: {"bursts": m.bursts, "busy_ps": m.busy_ps} for n, m in self._mems.items() if m is not None}
         engines = {}
         for i in sorted(self._pes):
+            w = self.weight(self.machine.pes[i].prefix)
             for role, q in self._pes[i].engines.items():
                 e = engines.setdefault(role, {"commands": 0, "busy_ps": 0})
-                e["commands"] += q.done
-                e["busy_ps"] += q.busy_ps
+                e["commands"] += w * q.done
+                e["busy_ps"] += w * q.busy_ps
         return {"links": links, "memories": mems, "engines": engines}

@@ -119,6 +119,12 @@ class Machine:
         """(controller, slice GB/s, controller uplink GB/s) of PE ``pe``'s HBM slice: the
         slice delivers the lesser of its channels and its port; the controller's links to the
         network are shared by all its slices."""
+        cache = self.__dict__.setdefault("_hbm_ports", {})
+        if pe not in cache:
+            cache[pe] = self._hbm_port(pe)
+        return cache[pe]
+
+    def _hbm_port(self, pe: int) -> tuple[str, float, float]:
         g, hbm = self.graph, self.pes[pe].hbm
         p = g.nodes[hbm]["params"]
         ctrl = next(iter(g.successors(hbm)))

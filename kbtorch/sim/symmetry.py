@@ -1,0 +1,213 @@
+"""Symmetry reduction: simulate one representative of each class of identical, independent units.
+
+Many kernels (elementwise passes, GEMMs without a K split, attention with heads mapped to
+PEs) run the same program on every block of the machine, each block touching only its own
+memories, routers and links. Such a run is the same run repeated: simulating one block per
+class of identical blocks gives exactly the latency, attribution and counters of the whole.
+
+``reduce(machine, programs)`` looks for the smallest level of the PEs' name hierarchy (the
+prefixes of the topology file, e.g. a PE, then its CUBE, then its SIP) at which
+
+1. every path a PE's commands use (DMA and composite data paths, IPCQ sends) and every PE
+   it sends to or notifies lies inside its own unit at that level, and
+2. units fall into classes whose members have identical programs and identical hardware
+   once their names are taken relative to the unit's prefix.
+
+It returns a ``Reduction`` with the representatives' programs (the first unit of each class)
+and the multiplicity of every node, so the run's counters can be scaled back
+(``Simulator(weight=...)``) and per-PE and per-memory results copied to every member
+(``expand``). Without such a level the programs are returned unchanged.
+
+NOTE: units at the chosen level share no resource (condition 1 includes every node and link
+on every path), so the runs of two members of a class are the same run under renaming, and
+the whole run's latency is the maximum over the classes' representatives. The trace of a
+reduced run holds the representatives only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, is_dataclass
+from functools import lru_cache
+
+from .commands import Composite, Dma, Loc, Send
+from .components.dma import data_path
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """Programs of the representative units and how to scale their results back."""
+
+    programs: dict
+    members: dict          # representative unit prefix -> every member prefix of its class
+
+    @property
+    def reduced(self) -> bool:
+        return any(len(m) > 1 for m in self.members.values())
+
+    def weight(self, node: str) -> int:
+        """How many units a node of a representative stands for (1 outside any unit)."""
+        for prefix, members in self.members.items():
+            if node.startswith(prefix):
+                return len(members)
+        return 1
+
+    def expand(self, result, machine):
+        """Copy per-PE finishes and per-memory counters of each representative to its class."""
+        if not self.reduced:
+            return result
+        pe_of = {pe.prefix: pe.id for pe in machine.pes}
+        finish, mems = {}, {}
+        for rep, members in self.members.items():
+            for member in members:
+                for pe, t in result.pe_finish_ps.items():
+                    prefix = machine.pes[pe].prefix
+                    if prefix.startswith(rep):
+                        finish[pe_of[member + prefix[len(rep):]]] = t
+                for node, s in result.stats["memories"].items():
+                    if node.startswith(rep):
+                        mems[member + node[len(rep):]] = s
+        result.pe_finish_ps = dict(sorted(finish.items()))
+        result.stats["memories"] = dict(sorted(mems.items()))
+        result.stats["represented_units"] = sum(len(m) for m in self.members.values())
+        return result
+
+
+def _levels(prefix: str) -> list[str]:
+    """``"a0.b1.c2."`` -> ``["a0.b1.c2.", "a0.b1.", "a0."]`` (innermost first)."""
+    parts = prefix.rstrip(".").split(".")
+    return [".".join(parts[:i]) + "." for i in range(len(parts), 0, -1)]
+
+
+def _paths(machine, pe: int, cmds) -> tuple[set, set]:
+    """(node paths, peer PEs) that PE ``pe``'s commands use."""
+    info = machine.pes[pe]
+    tcm = info.node("tcm")
+    keys, peers = set(), set()
+    for cmd in cmds:
+        if isinstance(cmd, Dma):
+            keys.add(("data", cmd.src.node, cmd.dst.node))
+        elif isinstance(cmd, Composite):
+            keys.update(("data", m.loc.node, tcm) for m in cmd.reads)
+            keys.update(("data", tcm, m.loc.node) for m in cmd.writes)
+        elif isinstance(cmd, Send):
+            peers.add(cmd.dst_pe)
+            keys.add(("route", info.node("ipcq"), machine.pes[cmd.dst_pe].node("ipcq")))
+        peers.update(p for p, _ in cmd.notify)
+    return keys, peers
+
+
+def _path(machine, key: tuple) -> tuple:
+    kind, src, dst = key
+    return data_path(machine, src, dst) if kind == "data" else machine.route(src, dst)
+
+
+def _units(machine, programs: dict, level: int, cache: dict) -> dict | None:
+    """``{unit prefix: (PEs, node paths used)}`` at ``level``, or None if two units share a
+    node or a PE signals outside its unit."""
+    units: dict = {}
+    owner: dict = {}
+    for pe, cmds in programs.items():
+        unit = _levels(machine.pes[pe].prefix)[level]
+        keys, peers = _paths(machine, pe, cmds)
+        if any(not machine.pes[p].prefix.startswith(unit) for p in peers):
+            return None
+        pes, paths = units.setdefault(unit, ([], set()))
+        pes.append(pe)
+        for key in keys:
+            if key not in cache:
+                cache[key] = _path(machine, key)
+            paths.add(cache[key])
+    for unit, (_, paths) in units.items():
+        for node in {n for path in paths for n in path}:
+            if owner.setdefault(node, unit) != unit:
+                return None
+        for other in units:
+            if other != unit and any(n.startswith(other) for path in paths for n in path):
+                return None
+    return units
+
+
+def _namer(unit: str):
+    """Node names relative to ``unit``; a node outside it relative to the innermost level
+    of the unit that holds it (``^1:pcie_e``), else absolute."""
+    outer = _levels(unit)[1:]
+
+    def rel(node: str) -> str:
+        if node.startswith(unit):
+            return node[len(unit):]
+        for i, prefix in enumerate(outer, 1):
+            if node.startswith(prefix):
+                return f"^{i}:{node[len(prefix):]}"
+        return f"/{node}"
+    return rel
+
+
+def _canon(x, rel, rel_pe):
+    """A hashable form of a command with node names and PE ids relative to its unit."""
+    if isinstance(x, Loc):
+        return ("loc", rel(x.node), x.addr)
+    if is_dataclass(x):
+        out = [type(x).__name__]
+        for f in fields(x):
+            v = getattr(x, f.name)
+            if f.name == "dst_pe":
+                v = rel_pe(v)
+            elif f.name == "notify":
+                v = tuple((rel_pe(p), s) for p, s in v)
+            out.append(_canon(v, rel, rel_pe))
+        return tuple(out)
+    if isinstance(x, tuple):
+        return tuple(_canon(v, rel, rel_pe) for v in x)
+    return x
+
+
+@lru_cache(maxsize=4096)
+def _hardware(machine, unit: str) -> tuple:
+    """The nodes and links inside ``unit``, named relative to it."""
+    g = machine.graph
+    n = len(unit)
+    nodes = tuple(sorted((v[n:], d["kind"], d["overhead_ps"], repr(d.get("params")))
+                         for v, d in g.nodes(data=True) if v.startswith(unit)))
+    edges = tuple(sorted((u[n:], v[n:], d["flit_ps"], d["prop_ps"], d["kind"])
+                         for u, v, d in g.edges(data=True) if u.startswith(unit) and v.startswith(unit)))
+    return nodes, edges
+
+
+def _routes(machine, unit: str, paths: set, rel) -> tuple:
+    """The unit's paths, relative names, with the nodes and hops outside it described."""
+    g = machine.graph
+    out = []
+    for path in paths:
+        hops = tuple((rel(u), g.edges[u, v]["flit_ps"], g.edges[u, v]["prop_ps"]) for u, v in zip(path, path[1:]))
+        outside = tuple((rel(v), g.nodes[v]["kind"], g.nodes[v]["overhead_ps"], repr(g.nodes[v].get("params")))
+                        for v in path if not v.startswith(unit))
+        out.append((tuple(rel(v) for v in path), hops, outside))
+    return tuple(sorted(out))
+
+
+def reduce(machine, programs: dict) -> Reduction:
+    """Programs of one representative unit per class (see the module docstring)."""
+    whole = Reduction(programs, {})
+    if len(programs) < 2:
+        return whole
+    depth = min(len(_levels(machine.pes[pe].prefix)) for pe in programs)
+    cache: dict = {}
+    units = None
+    for level in range(depth - 1):     # the outermost level is the whole machine: no gain
+        units = _units(machine, programs, level, cache)
+        if units is not None:
+            break
+    if units is None:
+        return whole
+    classes: dict = {}
+    for unit, (pes, paths) in units.items():
+        rel = _namer(unit)
+
+        def rel_pe(p, rel=rel):
+            return rel(machine.pes[p].prefix)
+
+        sig = (_hardware(machine, unit), _routes(machine, unit, paths, rel),
+               tuple((rel_pe(pe), tuple(_canon(c, rel, rel_pe) for c in programs[pe])) for pe in sorted(pes)))
+        classes.setdefault(sig, []).append(unit)
+    members = {group[0]: tuple(group) for group in classes.values()}
+    reps = {pe: programs[pe] for unit in members for pe in units[unit][0]}
+    return Reduction(reps, members)

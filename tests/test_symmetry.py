@@ -1,0 +1,62 @@
+"""Symmetry reduction: a reduced run equals the full run in latency, attribution and counters."""
+import pytest
+
+from kbtorch.kernel import build, launch
+from kbtorch.ops.elementwise import elementwise_kernel
+from kbtorch.ops.gemm import simulate
+from kbtorch.ops.gemm_kernel import gemm_kernel
+from kbtorch.ops.gemm_plan import GemmTiling, plan
+from kbtorch.sim import symmetry
+from kbtorch.sim.simulator import Simulator
+
+
+def _same(full, red):
+    assert red.latency_ps == full.latency_ps
+    assert red.breakdown() == full.breakdown()
+    assert red.pe_finish_ps == full.pe_finish_ps
+    assert red.stats["memories"] == full.stats["memories"]
+    assert red.stats["engines"] == full.stats["engines"]
+    assert red.stats["links"] == full.stats["links"]
+    assert red.events < full.events
+
+
+@pytest.mark.parametrize("n", [3584, 1000003])
+def test_elementwise_reduced_equals_full(ahbm, n):
+    args = (elementwise_kernel, range(256), ahbm, "add", n, 2, 2, "bf16", 1, 1.0)
+    _same(launch(*args, symmetric=False), launch(*args))
+
+
+@pytest.mark.parametrize("tiling", [GemmTiling((4, 8, 1), (64, 64, 128)), GemmTiling((1, 4, 8), (1, 64, 256))])
+def test_gemm_reduced_equals_full(ahbm, tiling):
+    pes = list(range(32))
+    m, n, k = (256, 512, 256) if tiling.grid[0] > 1 else (1, 512, 4096)
+    full = simulate(ahbm, m, n, k, "bf16", pes, tiling)
+    shards = {s.pe: s for s in plan(m, n, k, pes, tiling)}
+    programs = build(gemm_kernel, pes, ahbm, shards, tiling, "bf16", True)
+    _same(Simulator(ahbm).run(programs), full)
+
+
+def test_units_with_a_pcie_shortcut_are_their_own_class(ahbm):
+    # CUBEs 7 and 8 of each SIP reach their own routers through a PCIe endpoint as well:
+    # their routes differ, so they never stand for the other CUBEs.
+    def kernel(ctx):
+        first = ctx.pe // 8 * 8
+        if ctx.pe != first:
+            ctx.dma_write(ctx.tcm("buf", 4096), ctx.machine.pes[first].node("tcm"), 4096)
+    programs = build(kernel, range(256), ahbm)
+    red = symmetry.reduce(ahbm, programs)
+    sizes = sorted(len(m) for m in red.members.values())
+    assert sum(sizes) == 32 and len(sizes) >= 2 and sizes[-1] >= 28
+
+
+def test_traffic_between_units_is_not_reduced(ahbm):
+    def kernel(ctx):
+        peer = (ctx.pe + 8) % len(ctx.group)
+        ctx.dma_read(ctx.machine.pes[peer].hbm, ctx.tcm("buf", 4096).at(), 4096)
+    programs = build(kernel, range(16), ahbm)
+    assert not symmetry.reduce(ahbm, programs).reduced
+
+
+def test_trace_runs_are_never_reduced(ahbm):
+    args = (elementwise_kernel, range(16), ahbm, "add", 4096, 2, 2, "bf16", 1, 1.0)
+    assert launch(*args, trace=True).events == launch(*args, symmetric=False).events
