@@ -7,6 +7,19 @@ with an optional KV cache, o_proj, SwiGLU MLP and residuals, as in Hugging Face'
 one for tests. Move a layer or model to ``"ahbm"`` like any module.
 
 Shapes: hidden states are ``[batch, seq, hidden]``; positions ``[seq]`` (absolute).
+
+KV cache: a ``(k, v)`` tuple grows by ``torch.cat`` (as Hugging Face's dynamic cache); a
+``KVCache`` is preallocated and written in place, one slice per step (as a static cache):
+on the ahbm device that is a copy of the new tokens only, not of the whole cache.
+
+Tensor-parallel mapping (``tensor_parallel``), Megatron-style over a flat mesh of P PEs:
+q/k/v/gate/up are column-parallel (weight ``[out, in]`` sharded on ``out``: each PE makes
+``out/P`` output features from a replicated input); o_proj and down_proj are row-parallel
+(weight sharded on ``in``: each PE multiplies its slice of the features, the result is a
+partial sum, reduced by an all-reduce, or a reduce-scatter over the sequence, when the
+residual add uses it); norms' weights and biases of row-parallel layers are replicated,
+biases of column-parallel layers sharded with their outputs. The placements alone say
+this: the ahbm dispatch follows them (``kbtorch/tensor/sharding.py``).
 """
 from __future__ import annotations
 
@@ -35,6 +48,26 @@ class Qwen2Config:
 
 QWEN2_5_7B = Qwen2Config(hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, vocab=151936)
 TINY = Qwen2Config(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=100)
+CONFIGS = {"7b": QWEN2_5_7B, "tiny": TINY}
+
+
+class KVCache:
+    """A preallocated cache ``[batch, kv_heads, max_len, head_dim]`` holding ``length``
+    positions; ``update`` writes the new keys and values in place and returns views of all."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int = 0):
+        if k.shape != v.shape or not 0 <= length <= k.shape[2]:
+            raise ValueError(f"KVCache: k {tuple(k.shape)}, v {tuple(v.shape)}, length {length}")
+        self.k, self.v, self.length = k, v, length
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + k.shape[2]
+        if end > self.k.shape[2]:
+            raise ValueError(f"KVCache: {end} positions exceed its {self.k.shape[2]}")
+        self.k[:, :, self.length:end].copy_(k)
+        self.v[:, :, self.length:end].copy_(v)
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
 
 
 class RMSNorm(nn.Module):
@@ -79,11 +112,14 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, s, cfg.kv_heads, d).transpose(1, 2)
         v = self.v_proj(x).view(b, s, cfg.kv_heads, d).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        if cache is not None:
+        if isinstance(cache, KVCache):
+            k, v = cache.update(k, v)
+        elif cache is not None:
             k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
-        causal = cache is None and s > 1
+        causal = s > 1 and k.shape[2] == s
         a = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-        return self.o_proj(a.transpose(1, 2).reshape(b, s, cfg.heads * d)), (k, v)
+        out = self.o_proj(a.transpose(1, 2).reshape(b, s, cfg.heads * d))
+        return out, cache if isinstance(cache, KVCache) else (k, v)
 
 
 class MLP(nn.Module):
@@ -131,3 +167,28 @@ class Model(nn.Module):
             x, c = layer(x, cos, sin, None if caches is None else caches[i])
             new.append(c)
         return self.norm(x), new
+
+
+COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW = ("o_proj", "down_proj")
+
+
+def tensor_parallel(module: nn.Module, mesh=None) -> nn.Module:
+    """Place ``module``'s parameters (already on ``"ahbm"``) for tensor parallelism over
+    ``mesh`` (default: every PE, flat): see the module docstring. Returns ``module``."""
+    import kbtorch
+    from kbtorch.tensor.kernels import machine
+    n = len(machine().pes)
+    mesh = mesh or kbtorch.Mesh(tuple(range(n)), (n,))
+    for name, sub in module.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        for pname, p in list(sub.named_parameters(recurse=False)):
+            if leaf in COLUMN:
+                placement = kbtorch.Shard(0)
+            elif leaf in ROW and pname == "weight":
+                placement = kbtorch.Shard(1)
+            else:
+                placement = kbtorch.Replicate()
+            placed = kbtorch.distribute_tensor(p.data, mesh, [placement])
+            setattr(sub, pname, nn.Parameter(placed, requires_grad=p.requires_grad))
+    return module

@@ -106,11 +106,12 @@ def test_hbm_full_is_a_clear_error_and_changes_nothing():
 
 
 def test_views_move_the_sharded_dimension():
-    w = torch.randn(512, 64).to("ahbm")
+    w = torch.randn(512, 1024).to("ahbm")
     assert w.placements == (Shard(0),)
     assert w.t().placements == (Shard(1),) and w.transpose(0, 1).placements == (Shard(1),)
-    assert w.view(512, 8, 8).placements == (Shard(0),) and w.unsqueeze(0).placements == (Shard(1),)
-    assert w.view(64, 512).placements == (Replicate(),)          # merges the sharded dim: re-layout
-    x = torch.randn(4, 300, 8).to("ahbm")
+    assert w.view(512, 32, 32).placements == (Shard(0),) and w.unsqueeze(0).placements == (Shard(1),)
+    assert w.view(1024, 512).placements == (Replicate(),)          # merges the sharded dim: re-layout
+    x = torch.randn(4, 300, 256).to("ahbm")
     assert x.permute(2, 0, 1).placements == (Shard(2),)
+    assert torch.randn(512, 64).to("ahbm").placements == (Replicate(),)    # small: replicated
     assert torch.equal(x.permute(2, 0, 1).cpu(), x.cpu().permute(2, 0, 1))

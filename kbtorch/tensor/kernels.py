@@ -1,8 +1,11 @@
 """Shared helpers of the op handlers: the machine, dtypes, wrapping and run summaries."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
+from ..ops.elementwise import elementwise
 from ..profiler import kind_name
 from ..topology import load_machine
 from .stream import STREAM
@@ -14,10 +17,24 @@ def machine():
     return load_machine("ahbm")
 
 
-def wrap(out: torch.Tensor):
-    """An op's result as a new ahbm tensor, placed by default for its shape."""
+@lru_cache(maxsize=1024)
+def vector(op: str, n: int, *, inputs: int = 2, dtype: str = "f16", elem_bytes: int = 2,
+           flops_per_element: int | None = None, out_ratio: float = 1.0):
+    """The vector MATH kernel (``ops.elementwise``) over ``n`` elements on all PEs; cached,
+    since the simulator is deterministic: a layer repeated 28 times is simulated once."""
+    return elementwise(op, n, inputs=inputs, dtype=dtype, elem_bytes=elem_bytes, machine=machine(),
+                       flops_per_element=flops_per_element, out_ratio=out_ratio)
+
+
+def wrap(out: torch.Tensor, placement=None, like=None):
+    """An op's result as a new ahbm tensor: with ``placement`` on the (flattened) mesh of
+    ``like``, or placed by default for its shape."""
+    from .placement import Mesh, Spec
     from .tensor import AhbmTensor, default_spec
-    return AhbmTensor(out, default_spec(len(machine().pes), tuple(out.shape)))
+    if placement is None or not hasattr(like, "_spec"):
+        return AhbmTensor(out, default_spec(len(machine().pes), tuple(out.shape)))
+    pes = like._spec.mesh.pes
+    return AhbmTensor(out, Spec(Mesh(pes, (len(pes),)), (placement,)))
 
 
 def dtype_of(op: str, t: torch.Tensor) -> tuple[str, int]:

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from ..ops.elementwise import elementwise
 from .dispatch import same_device
-from .kernels import dtype_of, machine, record, wrap
+from .kernels import vector, dtype_of, record, wrap
 from .ops_matmul import timed_mm
 from .tensor import AhbmTensor, local
 
@@ -29,7 +28,7 @@ def sdpa_fallback(args, kwargs) -> AhbmTensor:
         heads *= d
     for _ in range(heads):
         timed_mm("sdpa fallback: q @ k^T", (q, k), length, s, e, dtype, "unfused fallback (explicitly slow)")
-    run = elementwise("softmax", heads * length * s, inputs=1, dtype=dtype, elem_bytes=eb, machine=machine(),
+    run = vector("softmax", heads * length * s, inputs=1, dtype=dtype, elem_bytes=eb,
                       flops_per_element=8)
     record("sdpa fallback: softmax", (q, k), "vector softmax", run, 8 * heads * length * s,
            "unfused fallback (explicitly slow)")

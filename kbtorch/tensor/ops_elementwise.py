@@ -1,17 +1,17 @@
 """Elementwise ops on the ahbm device: the elementwise MATH kernel (``kbtorch.ops.elementwise``).
 
 Numerics: the torch op on the local values (broadcasting as torch does). Timing: one pass
-over the output's elements with one input per tensor argument, on all PEs.
+with one input per tensor argument over each PE's part of the output (its shard, or all of
+it when the result is replicated); placements follow ``sharding.elementwise_inputs``.
 """
 from __future__ import annotations
 
-import torch
 
 from ..kernel.api import MATH_FLOPS_PER_ELEMENT
-from ..ops.elementwise import elementwise
 from .dispatch import implements, same_device
-from .kernels import dtype_of, machine, record, wrap
-from .tensor import local
+from .kernels import vector, dtype_of, machine, record, wrap
+from .sharding import elementwise_inputs, per_pe_total, placement
+from .tensor import AhbmTensor, local
 
 #: aten op -> MATH engine op (its flops per element are the kernel API's).
 MATH_OPS = {"add": "add", "sub": "add", "mul": "mul", "div": "div", "maximum": "max", "silu": "silu",
@@ -25,13 +25,18 @@ def _handler(func, args, kwargs):
     same_device(name, args)
     out = func(*(local(a) for a in args), **kwargs)
     dtype, eb = dtype_of(name, out)
-    inputs = sum(1 for a in args if isinstance(a, torch.Tensor))
-    run = elementwise(MATH_OPS[base], out.numel(), inputs=inputs, dtype=dtype, elem_bytes=eb, machine=machine())
+    tensors = [a for a in args if isinstance(a, AhbmTensor)]
+    _, placed = elementwise_inputs(tensors, tuple(out.shape))
+    if name.endswith("_"):
+        placed = placement(args[0])
+    n = len(machine().pes)
+    run = vector(MATH_OPS[base], per_pe_total(out.numel(), placed, n), inputs=len(tensors) or 1,
+                      dtype=dtype, elem_bytes=eb)
     flops = MATH_FLOPS_PER_ELEMENT[MATH_OPS[base]] * out.numel()
     record(f"aten::{name}", args, f"elementwise {MATH_OPS[base]}", run, flops)
     if name.endswith("_"):
         return args[0]
-    return wrap(out)
+    return wrap(out, placed, like=tensors[0])
 
 
 implements(*MATH_OPS, *(f"{op}_" for op in ("add", "sub", "mul", "div")))(_handler)

@@ -1,9 +1,18 @@
 """mm, addmm, bmm on the ahbm device: the GEMM tile kernel (``kbtorch.ops.gemm``).
 
 Numerics: torch with fp32 accumulation, cast to the input dtype (the GEMM kernel's own
-numeric rule). Timing: a timing-only GEMM of the same shape on all PEs with the automatic
-tiling, cached per (M, N, K, dtype); ``addmm``'s bias is one more elementwise add on the
-MATH engines; ``bmm`` runs its batch of GEMMs one after another.
+numeric rule). Timing follows the placements (see ``sharding``), for ``a[M, K] @ b[K, N]``
+on a mesh of P PEs:
+
+- column-parallel, ``b`` Shard(1): every PE computes ``M x N/P x K`` from its own slice of
+  ``b`` (``a`` all-gathered first if it is sharded, reduced if partial); result Shard(1);
+- row-parallel, ``b`` Shard(0): every PE computes ``M x N x K/P`` from its slices of ``a``
+  (a replicated ``a`` is sliced for free) and ``b``; result Partial (reduced when used);
+- otherwise: one GEMM over all PEs with the automatic tiling and grid (its operand panels
+  deployed as the GEMM kernel assumes); result placed by default.
+
+Kernels are cached per shape (the simulator is deterministic). ``addmm``'s bias is one more
+elementwise add on the MATH engines; ``bmm`` runs its batch of GEMMs one after another.
 """
 from __future__ import annotations
 
@@ -11,10 +20,16 @@ from functools import lru_cache
 
 import torch
 
-from ..ops.elementwise import elementwise
+from ..kernel import launch
 from ..ops.gemm import gemm
+from ..ops.gemm_kernel import gemm_kernel
+from ..ops.gemm_model import candidates
+from ..ops.gemm_plan import Shard as GemmShard
+from ..ops.gemm_plan import split
 from .dispatch import implements, same_device
-from .kernels import dtype_of, machine, record, wrap
+from .kernels import vector, dtype_of, machine, record, wrap
+from .placement import Partial, Replicate, Shard
+from .sharding import flat, placement, settle_partial
 from .tensor import local
 
 
@@ -24,10 +39,31 @@ def _gemm(m: int, n: int, k: int, dtype: str):
     total = len(machine().pes)
     for count in (total, 64, 16, 4, 1):
         try:
-            return gemm(shape=(m, n, k), dtype=dtype, pes=range(min(count, total)), machine=machine())
+            return gemm(shape=(m, n, k), dtype=dtype, pes=range(min(count, total)))
         except ValueError as exc:
             error = exc
     raise NotImplementedError(f"kbtorch: no GEMM tiling for M={m} N={n} K={k} {dtype}: {error}")
+
+
+@lru_cache(maxsize=256)
+def _sharded(m: int, n: int, k: int, dtype: str, pes: tuple, along: str):
+    """Every PE of ``pes`` multiplies its own slice (``along`` "n" or "k") of the operands
+    from its HBM: -> (RunResult, tiling text)."""
+    p = min(len(pes), n if along == "n" else k)
+    used = pes[:p]
+    widest = split(n if along == "n" else k, p, 0)
+    shape = (m, widest[1], k) if along == "n" else (m, n, widest[1])
+    ranked = candidates(machine(), *shape, dtype, [used[0]])
+    if not ranked:
+        raise NotImplementedError(f"kbtorch: no GEMM tiling for a {'x'.join(map(str, shape))} {dtype} slice per PE")
+    tiling = ranked[0][1]
+    shards = {}
+    for i, pe in enumerate(used):
+        nr, kr = (split(n, p, i), (0, k)) if along == "n" else ((0, n), split(k, p, i))
+        shards[pe] = GemmShard(pe, i, (0, m), nr, kr, (pe,), pe)
+    result = launch(gemm_kernel, used, machine(), shards, tiling, dtype, True, name="gemm")
+    how = "column-parallel" if along == "n" else "row-parallel"
+    return result, f"{how} x{p}, per PE {'x'.join(map(str, shape))}, tile {'x'.join(map(str, tiling.tile))}"
 
 
 def timed_mm(op: str, args, m: int, n: int, k: int, dtype: str, detail: str = ""):
@@ -39,14 +75,35 @@ def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.float() @ b.float()).to(a.dtype)
 
 
+def _matmul(op: str, a, b):
+    """Time ``a @ b`` by the placement rules; -> result placement (None: default)."""
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    dtype, _ = dtype_of(op, local(a))
+    pb = placement(b)
+    if isinstance(pb, Shard) and hasattr(a, "_spec"):
+        a, b = flat(a), flat(b)
+        pes = tuple(b._spec.mesh.pes)
+        if pb.dim % 2 == 1:
+            a = settle_partial(a)
+            if not isinstance(placement(a), Replicate):
+                a = a.redistribute([Replicate()])
+            result, detail = _sharded(m, n, k, dtype, pes, "n")
+            record(op, (a, b), "gemm", result, 2 * m * n * k, detail)
+            return Shard(1)
+        pa = placement(settle_partial(a))
+        if isinstance(pa, Shard) and pa.dim % 2 == 1 or isinstance(pa, Replicate):
+            result, detail = _sharded(m, n, k, dtype, pes, "k")
+            record(op, (a, b), "gemm", result, 2 * m * n * k, detail)
+            return Partial()
+    timed_mm(op, (a, b), m, n, k, dtype)
+    return None
+
+
 @implements("mm")
 def mm(func, args, kwargs):
     same_device("mm", args)
-    a, b = local(args[0]), local(args[1])
-    out = _product(a, b)
-    dtype, _ = dtype_of("mm", a)
-    timed_mm("aten::mm", args, a.shape[0], b.shape[1], a.shape[1], dtype)
-    return wrap(out)
+    out = _product(local(args[0]), local(args[1]))
+    return wrap(out, _matmul("aten::mm", args[0], args[1]), like=args[1])
 
 
 @implements("addmm")
@@ -54,12 +111,17 @@ def addmm(func, args, kwargs):
     same_device("addmm", args)
     bias, a, b = (local(x) for x in args[:3])
     out = (_product(a, b).float() + bias.float()).to(a.dtype)
+    placed = _matmul("aten::addmm", args[1], args[2])
     dtype, eb = dtype_of("addmm", a)
-    m, n, k = a.shape[0], b.shape[1], a.shape[1]
-    timed_mm("aten::addmm", args, m, n, k, dtype)
-    run = elementwise("add", m * n, dtype=dtype, elem_bytes=eb, machine=machine())
+    m, n = a.shape[0], b.shape[1]
+    if isinstance(placed, Partial):
+        # NOTE: a bias must be added once, after the partial sums are reduced.
+        wrap(out, Partial(), like=args[2]).redistribute([Replicate()])
+        placed = Replicate()
+    per_pe = m * n // len(machine().pes) if isinstance(placed, Shard) else m * n
+    run = vector("add", per_pe * len(machine().pes), dtype=dtype, elem_bytes=eb)
     record("aten::addmm (bias)", args, "elementwise add", run, m * n)
-    return wrap(out)
+    return wrap(out, placed, like=args[2])
 
 
 @implements("bmm")

@@ -7,9 +7,9 @@ and its output size (``out_ratio``).
 """
 from __future__ import annotations
 
-from ..ops.elementwise import elementwise
 from .dispatch import implements, same_device
-from .kernels import dtype_of, machine, record, wrap
+from .kernels import vector, dtype_of, machine, record, wrap
+from .sharding import per_pe_total, placement, rowwise_input, rowwise_output
 from .tensor import local
 
 FLOPS = {"_softmax": 8, "softmax": 8, "_log_softmax": 9, "log_softmax": 9, "rms_norm": 5, "mean": 1, "sum": 1, "amax": 1, "pow": 1}
@@ -22,8 +22,24 @@ def vector_pass(func, args, kwargs):
     x = local(args[0])
     out = func(*(local(a) for a in args), **kwargs)
     dtype, eb = dtype_of(name, x)
+    dims = _dims(name, args, kwargs, x.dim())
+    src = rowwise_input(args[0], dims)
     n = x.numel()
-    run = elementwise(name, n, inputs=1, dtype=dtype, elem_bytes=eb, machine=machine(),
-                      flops_per_element=FLOPS[name], out_ratio=out.numel() / max(1, n))
+    run = vector(name, per_pe_total(n, placement(src), len(machine().pes)), inputs=1, dtype=dtype,
+                      elem_bytes=eb, flops_per_element=FLOPS[name],
+                      out_ratio=out.numel() / max(1, n))
     record(f"aten::{name}", args, f"vector {name}", run, FLOPS[name] * n)
-    return wrap(out)
+    return wrap(out, rowwise_output(src, dims, out.dim()), like=src)
+
+
+def _dims(name: str, args, kwargs, rank: int) -> tuple:
+    """The dimensions an op reduces over (softmax: its dim; rms_norm: the normalised shape;
+    mean/sum/amax: ``dim`` or all; pow: none)."""
+    if name == "pow":
+        return ()
+    if name == "rms_norm":
+        return tuple(range(rank - len(args[1]), rank))
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    if dim is None or dim == []:
+        return tuple(range(rank))
+    return tuple(dim) if isinstance(dim, (list, tuple)) else (dim,)

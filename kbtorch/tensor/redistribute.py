@@ -2,8 +2,9 @@
 
 ``distribute_tensor(t, mesh, placements)`` deploys a host tensor (untimed, like ``.to``).
 ``redistribute(x, placements)`` changes the placement mesh dimension by mesh dimension and
-runs the collective that change needs on the PEs of every line of that dimension at once
-(``kbtorch.ops.collective.concurrent``), recording it on the stream:
+runs the collective that change needs on the PEs of every line of that dimension at once,
+recording it on the stream (one line: the algorithm with the least estimate; several:
+rings side by side, ``kbtorch.ops.collective.concurrent``; cached per shape):
 
 - ``Shard(d) -> Replicate()``: all-gather; ``Partial() -> Replicate()``: all-reduce;
   ``Partial() -> Shard(d)``: reduce-scatter, each of the tensor's full size per member;
@@ -16,11 +17,12 @@ of 2 x members elements (the padding is timed, it is what a kernel would move).
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from math import prod
 
 import torch
 
-from ..ops.collective import concurrent
+from ..ops.collective import collective, concurrent
 from .kernels import dtype_of, machine
 from .placement import Partial, Replicate, Shard, Spec
 from .stream import STREAM
@@ -61,6 +63,17 @@ def _kind(old, new) -> str | None:
     raise NotImplementedError(f"kbtorch: redistribute {old!r} -> {new!r} is not supported yet")
 
 
+@lru_cache(maxsize=512)
+def _timed(kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple[float, str]:
+    """(latency ns, algorithm) of the collective on every line at once: one line takes the
+    algorithm with the least estimate (``algo="auto"``), several run rings side by side."""
+    if len(lines) == 1:
+        run = collective(kind, group=list(lines[0]), nbytes=nbytes, dtype=dtype, algo="auto", topology=machine())
+        return run.latency_ns, run.algo
+    specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo="ring") for g in lines]
+    return max(concurrent(specs, topology=machine())), "ring"
+
+
 def redistribute(x: AhbmTensor, placements) -> AhbmTensor:
     """``x`` with new ``placements`` on the same mesh (see the module docstring)."""
     spec = Spec(x._spec.mesh, tuple(placements))
@@ -73,10 +86,9 @@ def redistribute(x: AhbmTensor, placements) -> AhbmTensor:
         lines = _lines(spec.mesh, dim)
         n = len(lines[0])
         elems = -(-x.numel() // (2 * n)) * 2 * n
-        specs = [dict(kind=kind, group=list(g), nbytes=elems * eb, dtype=name, algo="ring") for g in lines]
-        finish = concurrent(specs, topology=machine())
-        STREAM.record(f"redistribute {old!r}->{new!r}", (tuple(x.shape),), f"{kind} ring x{len(lines)}",
-                      max(finish), bytes=elems * eb * len(specs), detail=f"mesh dim {dim}, {n} PEs per group")
+        latency, algo = _timed(kind, tuple(tuple(g) for g in lines), elems * eb, name)
+        STREAM.record(f"redistribute {old!r}->{new!r}", (tuple(x.shape),), f"{kind} {algo} x{len(lines)}",
+                      latency, bytes=elems * eb * len(lines), detail=f"mesh dim {dim}, {n} PEs per group")
     return AhbmTensor(x._local, spec)
 
 

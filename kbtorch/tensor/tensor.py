@@ -8,6 +8,7 @@ it holds ``_local`` (the numeric value as one CPU tensor, the global view) and `
 from __future__ import annotations
 
 from contextlib import contextmanager
+from math import prod
 
 import torch
 from torch.utils._pytree import tree_map
@@ -26,6 +27,10 @@ METADATA = {
 HOST_WRITES = {"copy_", "zero_", "fill_", "normal_", "uniform_", "random_", "bernoulli_", "_to_copy", "to", "arange",
                "lift_fresh", "set_", "resize_"}
 
+
+#: Composite ops that reach dispatch whole (in inference mode) and run as their aten
+#: decomposition (``linear`` -> ``t`` + ``addmm``/``mm``, ``matmul`` -> ``mm``/``bmm``).
+DECOMPOSE = {"linear", "matmul", "reshape", "flatten", "contiguous"}
 
 _TIMING_ONLY = [False]
 
@@ -47,14 +52,20 @@ def is_timing_only() -> bool:
     return _TIMING_ONLY[0]
 
 
+#: Elements per PE below which a new tensor is replicated rather than sharded.
+SHARD_MIN_PER_PE = 1024
+
+
 def default_spec(n_pes: int, shape: tuple = ()) -> Spec:
-    """Where a new ahbm tensor goes: sharded along its first dimension of at least
-    ``n_pes`` rows over a flat mesh of every PE (large weights and activations), else
-    replicated on every PE (small tensors)."""
+    """Where a new ahbm tensor goes: over a flat mesh of every PE, sharded along its first
+    dimension of at least ``n_pes`` rows if it is large (at least ``SHARD_MIN_PER_PE``
+    elements per PE: weights, long activations), else replicated (biases, norms' weights,
+    a decode step's activations)."""
     mesh = Mesh(tuple(range(n_pes)), (n_pes,))
-    for d, size in enumerate(shape):
-        if size >= n_pes:
-            return Spec(mesh, (Shard(d),))
+    if prod(shape) >= n_pes * SHARD_MIN_PER_PE:
+        for d, size in enumerate(shape):
+            if size >= n_pes:
+                return Spec(mesh, (Shard(d),))
     return Spec(mesh, (Replicate(),))
 
 
@@ -111,9 +122,9 @@ class AhbmTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         """Order: (1) a copy to another device returns a plain tensor there; (2) an op with
-        a registered handler (``dispatch.HANDLERS``) runs its tile kernel; (3) metadata ops
-        and host writes run on the local value, untimed; (4) anything else raises
-        NotImplementedError naming the op."""
+        a registered handler (``dispatch.HANDLERS``) runs its tile kernel; (3) a composite op
+        of ``DECOMPOSE`` runs as its decomposition; (4) metadata ops and host writes run on
+        the local value, untimed; (5) anything else raises NotImplementedError naming the op."""
         from .dispatch import HANDLERS
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
@@ -125,6 +136,10 @@ class AhbmTensor(torch.Tensor):
             return func(args[0]._local, *args[1:], **kwargs)
         if name in HANDLERS:
             return HANDLERS[name](func, args, kwargs)
+        if name in DECOMPOSE:
+            out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         if name in METADATA or name in HOST_WRITES:
             found = [a for a in (*args, *kwargs.values()) if isinstance(a, AhbmTensor)]
             spec = found[0]._spec

@@ -1,0 +1,116 @@
+"""Sharding propagation: where an op's result lies and which inputs must move first.
+
+Rules, on a one-dimensional mesh (a multi-dimensional mesh is first treated as replicated
+where it matters, see ``flat``):
+
+- elementwise ops (with broadcasting): the result is ``Shard(d)`` if an input is sharded on
+  a dimension that maps to output dimension ``d``; ``Replicate()`` inputs are used locally
+  (each PE takes its part, free); an input sharded on another dimension is all-gathered;
+  a ``Partial()`` input is reduced first: reduce-scatter to ``Shard`` of the first output
+  dimension that splits over the mesh (sequence parallelism), else all-reduce.
+- row-wise ops (softmax, norms, reductions over ``dims``): an input sharded on a reduced
+  dimension is all-gathered first; the result keeps the shard (renumbered if dims go).
+- matmul ``a[M, K] @ b[K, N]`` (see ``ops_matmul``): column-parallel ``b`` Shard(1) gives
+  ``Shard(1)`` (``a`` made replicated), row-parallel ``b`` Shard(0) with ``a`` Shard(1) (or
+  Replicate, sliced for free) gives ``Partial()``.
+
+Each PE works on its shard: a sharded result of ``n`` elements costs ``n / P`` elements per
+PE, a replicated one ``n`` per PE (every PE computes the whole, no communication).
+"""
+from __future__ import annotations
+
+from .placement import Partial, Replicate, Shard, Spec
+
+
+def placement(x):
+    """The single placement of an ahbm tensor on a 1-D mesh (None for a host value)."""
+    spec = getattr(x, "_spec", None)
+    if spec is None:
+        return None
+    return spec.placements[0] if len(spec.placements) == 1 else Replicate()
+
+
+def shard_dim(x) -> int | None:
+    p = placement(x)
+    return p.dim % x.dim() if isinstance(p, Shard) else None
+
+
+def flat(x):
+    """``x`` on a 1-D mesh: a multi-dimensional placement is made replicated (timed)."""
+    spec = x._spec
+    if len(spec.placements) == 1:
+        return x
+    from .placement import Mesh
+    rep = x.redistribute([Replicate()] * len(spec.placements))
+    mesh = Mesh(spec.mesh.pes, (len(spec.mesh.pes),))
+    from .tensor import AhbmTensor
+    return AhbmTensor(rep._local, Spec(mesh, (Replicate(),)), owns=False)
+
+
+def first_split_dim(shape: tuple, n_pes: int) -> int | None:
+    for d, size in enumerate(shape):
+        if size >= n_pes:
+            return d
+    return None
+
+
+def settle_partial(x, out_shape: tuple | None = None):
+    """A Partial input reduced: reduce-scatter onto the first output dimension that splits
+    over the mesh (when ``x`` is large, as ``default_spec``, and has that dimension at full
+    size in the output), else all-reduce."""
+    if not isinstance(placement(x), Partial):
+        return x
+    from .tensor import SHARD_MIN_PER_PE
+    n = len(x._spec.mesh.pes)
+    d = first_split_dim(tuple(x.shape), n) if x.numel() >= n * SHARD_MIN_PER_PE else None
+    if d is not None and (out_shape is None or (len(out_shape) == x.dim() and out_shape[d] == x.shape[d])):
+        return x.redistribute([Shard(d)])
+    return x.redistribute([Replicate()])
+
+
+def elementwise_inputs(tensors: list, out_shape: tuple) -> tuple[list, object]:
+    """(inputs made compatible, output placement) for an elementwise op (module docstring)."""
+    tensors = [settle_partial(flat(t), out_shape) if hasattr(t, "_spec") else t for t in tensors]
+    out_dim, owner = None, None
+    for t in tensors:
+        d = shard_dim(t) if hasattr(t, "_spec") else None
+        if d is None:
+            continue
+        mapped = d + len(out_shape) - t.dim()
+        if t.shape[d] != out_shape[mapped]:
+            continue
+        if out_dim is None:
+            out_dim, owner = mapped, t
+    fixed = []
+    for t in tensors:
+        d = shard_dim(t) if hasattr(t, "_spec") else None
+        if d is not None and (out_dim is None or t is not owner and d + len(out_shape) - t.dim() != out_dim):
+            t = t.redistribute([Replicate()])
+        fixed.append(t)
+    return fixed, Shard(out_dim) if out_dim is not None else Replicate()
+
+
+def rowwise_input(x, dims: tuple):
+    """``x`` ready for a reduction over ``dims``: all-gathered if sharded on one of them."""
+    x = settle_partial(flat(x))
+    d = shard_dim(x)
+    if d is not None and d in {e % x.dim() for e in dims}:
+        x = x.redistribute([Replicate()])
+    return x
+
+
+def rowwise_output(x, dims: tuple, out_rank: int):
+    """The result placement of a reduction of ``x`` over ``dims``."""
+    d = shard_dim(x)
+    if d is None:
+        return Replicate()
+    if out_rank == x.dim():
+        return Shard(d)
+    gone = sum(1 for e in {e % x.dim() for e in dims} if e < d)
+    return Shard(d - gone)
+
+
+def per_pe_total(numel: int, p, n_pes: int) -> int:
+    """Elements the vector kernel runs over so that each PE does its share: ``numel`` split
+    when sharded, ``numel`` on every PE when replicated."""
+    return numel if isinstance(p, Shard) else numel * n_pes
