@@ -56,3 +56,16 @@ def test_errors(t):
         distribute_tensor(t, MESH, [Shard(2), Replicate()])
     with pytest.raises(ValueError, match="outside topology"):
         distribute_tensor(t, Mesh((0, 999), (2,)), [Replicate()])
+
+
+def test_data_gathered_once_serves_every_view_until_written(t):
+    mesh = Mesh(tuple(range(8)), (8,))
+    x = distribute_tensor(t, mesh, [Shard(0)])
+    with kbtorch.profile() as prof:
+        x.view(64, 32).redistribute([Replicate()])
+        y = x.view(32, 64).redistribute([Replicate()])          # same data: already everywhere
+    assert len(prof.records) == 1 and y.placements == (Replicate(),)
+    x.add_(1)                                                    # written: the copies are stale
+    with kbtorch.profile() as prof:
+        x.view(64, 32).redistribute([Replicate()])
+    assert [r.name for r in prof.records] == ["redistribute Shard(0)->Replicate()"]

@@ -145,14 +145,28 @@ def test_examples_run_and_match_cpu(capsys, name, argv):
     assert out["allclose"] and out["latency_ns"] > 0 and all(op["latency_ns"] > 0 for op in out["ops"])
 
 
-@pytest.mark.parametrize("causal, q_heads, kv_heads, length", [(True, 4, 4, 8), (False, 4, 1, 7), (True, 7, 1, 5)])
-def test_sdpa_fallback_matches_cpu_and_says_so(gen, causal, q_heads, kv_heads, length):
-    q = torch.randn(1, q_heads, length, 16, generator=gen)
-    k, v = torch.randn(1, kv_heads, length, 16, generator=gen), torch.randn(1, kv_heads, length, 16, generator=gen)
+@pytest.mark.parametrize("causal, q_heads, kv_heads, length, kind", [
+    (True, 4, 4, 8, "prefill"), (False, 4, 2, 20, "prefill"), (True, 7, 1, 5, "prefill"), (False, 4, 1, 7, "decode"),
+    (False, 7, 1, 1, "decode")])
+def test_sdpa_runs_the_fused_kernel_and_matches_cpu(gen, causal, q_heads, kv_heads, length, kind):
+    q = torch.randn(2, q_heads, length, 16, generator=gen)
+    k, v = torch.randn(2, kv_heads, 11, 16, generator=gen), torch.randn(2, kv_heads, 11, 16, generator=gen)
     with kbtorch.profile() as prof:
         out = F.scaled_dot_product_attention(q.to("ahbm"), k.to("ahbm"), v.to("ahbm"), is_causal=causal,
                                              enable_gqa=True)
     close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True))
+    [rec] = prof.records
+    assert rec.name == "aten::scaled_dot_product_attention" and rec.kernel == f"attention {kind}"
+    assert rec.latency_ns > 0 and rec.flops > 0 and rec.bytes > 0
+
+
+def test_sdpa_with_a_mask_runs_the_fallback_and_says_so(gen):
+    q, k, v = (torch.randn(1, 2, 6, 16, generator=gen) for _ in range(3))
+    mask = torch.rand(6, 6, generator=gen) > 0.3
+    mask.fill_diagonal_(True)
+    with kbtorch.profile() as prof:
+        out = F.scaled_dot_product_attention(q.to("ahbm"), k.to("ahbm"), v.to("ahbm"), attn_mask=mask.to("ahbm"))
+    close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
     assert {r.name for r in prof.records} == {"sdpa fallback: q @ k^T", "sdpa fallback: softmax", "sdpa fallback: p @ v"}
     assert all("explicitly slow" in r.detail for r in prof.records)
 
@@ -222,4 +236,4 @@ def test_attention_block_module_matches_cpu(gen):
             got = block(x.to("ahbm"), cos.to("ahbm"), sin.to("ahbm"))
     close(got, ref)
     names = {r.name for r in prof.records}
-    assert {"aten::addmm", "aten::cat", "sdpa fallback: softmax", "aten::mm", "aten::clone"} <= names
+    assert {"aten::addmm", "aten::cat", "aten::scaled_dot_product_attention", "aten::mm", "aten::clone"} <= names

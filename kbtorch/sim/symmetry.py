@@ -192,7 +192,7 @@ def reduce(machine, programs: dict) -> Reduction:
     depth = min(len(_levels(machine.pes[pe].prefix)) for pe in programs)
     cache: dict = {}
     units = None
-    for level in range(depth - 1):     # the outermost level is the whole machine: no gain
+    for level in range(depth):
         units = _units(machine, programs, level, cache)
         if units is not None:
             break

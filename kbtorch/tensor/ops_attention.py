@@ -1,37 +1,69 @@
-"""``F.scaled_dot_product_attention`` on the ahbm device: a correct but explicitly slow
-fallback until the fused attention kernel exists.
+"""``F.scaled_dot_product_attention`` on the ahbm device: the fused attention kernel
+(``kbtorch.ops.attention``: FlashAttention-style prefill, split-KV decode with on-PE merges).
 
-Numerics: torch's SDPA on the local values. Timing: the unfused sequence, one head after
-another: ``Q @ K^T`` (a GEMM of L x S x E per batch and head), softmax over the scores (a
-vector pass; the causal mask costs nothing extra), ``P @ V`` (L x E x S). Every step is its
-own op record named ``sdpa fallback: ...``, so the profiler shows it for what it is.
+Numerics: torch's SDPA on the local values. Timing: the kernel, timing-only, on all PEs for
+the call's (B, Hq, Hkv, Lq, Lk, D, causal, dtype), cached per shape. Inputs of three
+dimensions are taken as a batch of one. A call the kernel does not cover (an explicit
+``attn_mask``, dropout, a head dimension or dtype it rejects) runs the correct but explicitly
+slow unfused fallback: ``Q K^T`` GEMMs per head, a softmax pass, ``P V`` GEMMs, each recorded
+as ``sdpa fallback: ...``.
+
+NOTE: the result is placed by default for its shape; the kernel's deploy (each PE holds the
+Q rows and K/V of its work items) is taken as given, like the GEMM's (see docs/model.md).
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch.nn.functional as F
 
+from ..ops.attention import attention
 from .dispatch import same_device
-from .kernels import vector, dtype_of, record, wrap
+from .kernels import dtype_of, machine, record, vector, wrap
 from .ops_matmul import timed_mm
 from .tensor import AhbmTensor, local
 
+NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
-def sdpa_fallback(args, kwargs) -> AhbmTensor:
-    q, k, v = args[:3]
+
+@lru_cache(maxsize=128)
+def _fused(shape: tuple, causal: bool, scale, dtype: str):
+    return attention(shape=shape, is_causal=causal, scale=scale, dtype=dtype, machine=machine())
+
+
+def sdpa(args, kwargs) -> AhbmTensor:
+    """SDPA on ahbm tensors: the fused kernel, or the explicit fallback."""
+    call = dict(zip(NAMES, args), **kwargs)
+    q, k, v = call["query"], call["key"], call["value"]
     same_device("scaled_dot_product_attention", [q, k, v])
     out = F.scaled_dot_product_attention(*(local(a) for a in args), **{n: local(x) for n, x in kwargs.items()})
-    dtype, eb = dtype_of("scaled_dot_product_attention", local(q))
+    dtype, _ = dtype_of("scaled_dot_product_attention", local(q))
+    if call.get("attn_mask") is not None or call.get("dropout_p", 0.0) or q.dim() not in (3, 4):
+        return _fallback(q, k, v, out, dtype)
+    lead = (1,) if q.dim() == 3 else tuple(q.shape[:1])
+    shape = (*lead, q.shape[-3], k.shape[-3], q.shape[-2], k.shape[-2], q.shape[-1])
+    try:
+        run = _fused(shape, bool(call.get("is_causal", False)), call.get("scale"), dtype)
+    except ValueError:
+        return _fallback(q, k, v, out, dtype)
+    record("aten::scaled_dot_product_attention", (q, k, v), f"attention {run.kind}", run.result, run.flops,
+           run.plan)
+    return wrap(out)
+
+
+def _fallback(q, k, v, out, dtype: str) -> AhbmTensor:
+    _, eb = dtype_of("scaled_dot_product_attention", local(q))
     *batch, length, e = q.shape
     s, ev = k.shape[-2], v.shape[-1]
     heads = 1
     for d in batch:
         heads *= d
+    note = "unfused fallback (explicitly slow)"
     for _ in range(heads):
-        timed_mm("sdpa fallback: q @ k^T", (q, k), length, s, e, dtype, "unfused fallback (explicitly slow)")
-    run = vector("softmax", heads * length * s, inputs=1, dtype=dtype, elem_bytes=eb,
-                      flops_per_element=8)
-    record("sdpa fallback: softmax", (q, k), "vector softmax", run, 8 * heads * length * s,
-           "unfused fallback (explicitly slow)")
+        timed_mm("sdpa fallback: q @ k^T", (q, k), length, s, e, dtype, note)
+    run = vector("softmax", heads * length * s, inputs=1, dtype=dtype, elem_bytes=eb, flops_per_element=8)
+    record("sdpa fallback: softmax", (q, k), "vector softmax", run, 8 * heads * length * s, note)
     for _ in range(heads):
-        timed_mm("sdpa fallback: p @ v", (q, v), length, ev, s, dtype, "unfused fallback (explicitly slow)")
+        timed_mm("sdpa fallback: p @ v", (q, v), length, ev, s, dtype, note)
     return wrap(out)
+

@@ -29,7 +29,7 @@ from ..ops.gemm_plan import split
 from .dispatch import implements, same_device
 from .kernels import vector, dtype_of, machine, record, wrap
 from .placement import Partial, Replicate, Shard
-from .sharding import flat, placement, settle_partial
+from .sharding import flat, per_pe_total, placement, settle_partial
 from .tensor import local
 
 
@@ -118,8 +118,7 @@ def addmm(func, args, kwargs):
         # NOTE: a bias must be added once, after the partial sums are reduced.
         wrap(out, Partial(), like=args[2]).redistribute([Replicate()])
         placed = Replicate()
-    per_pe = m * n // len(machine().pes) if isinstance(placed, Shard) else m * n
-    run = vector("add", per_pe * len(machine().pes), dtype=dtype, elem_bytes=eb)
+    run = vector("add", per_pe_total(m * n, placed, len(machine().pes)), dtype=dtype, elem_bytes=eb)
     record("aten::addmm (bias)", args, "elementwise add", run, m * n)
     return wrap(out, placed, like=args[2])
 

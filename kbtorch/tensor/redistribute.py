@@ -26,7 +26,7 @@ from ..ops.collective import collective, concurrent
 from .kernels import dtype_of, machine
 from .placement import Partial, Replicate, Shard, Spec
 from .stream import STREAM
-from .tensor import AhbmTensor
+from .tensor import AhbmTensor, root
 
 
 def distribute_tensor(t: torch.Tensor, mesh, placements) -> AhbmTensor:
@@ -78,6 +78,10 @@ def redistribute(x: AhbmTensor, placements) -> AhbmTensor:
     """``x`` with new ``placements`` on the same mesh (see the module docstring)."""
     spec = Spec(x._spec.mesh, tuple(placements))
     spec.check(tuple(x.shape))
+    everywhere = all(isinstance(p, Replicate) for p in spec.placements)
+    base = root(x)
+    if everywhere and getattr(base, "_replicated", None) == spec.mesh:
+        return AhbmTensor(x._local, spec, owns=False)
     name, eb = dtype_of("redistribute", x._local)
     for dim, (old, new) in enumerate(zip(x._spec.placements, spec.placements)):
         kind = _kind(old, new)
@@ -89,6 +93,8 @@ def redistribute(x: AhbmTensor, placements) -> AhbmTensor:
         latency, algo = _timed(kind, tuple(tuple(g) for g in lines), elems * eb, name)
         STREAM.record(f"redistribute {old!r}->{new!r}", (tuple(x.shape),), f"{kind} {algo} x{len(lines)}",
                       latency, bytes=elems * eb * len(lines), detail=f"mesh dim {dim}, {n} PEs per group")
+    if everywhere:
+        base._replicated = spec.mesh
     return AhbmTensor(x._local, spec)
 
 

@@ -114,8 +114,8 @@ class AhbmTensor(torch.Tensor):
         """Catch ops that must arrive whole (SDPA); everything else goes on to dispatch."""
         kwargs = kwargs or {}
         if func is torch.nn.functional.scaled_dot_product_attention:
-            from .ops_attention import sdpa_fallback
-            return sdpa_fallback(args, kwargs)
+            from .ops_attention import sdpa
+            return sdpa(args, kwargs)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
@@ -128,6 +128,8 @@ class AhbmTensor(torch.Tensor):
         from .dispatch import HANDLERS
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
+        if name.endswith("_") and isinstance(args[0], AhbmTensor):
+            root(args[0]).__dict__.pop("_replicated", None)
         if name in ("_to_copy", "to") and kwargs.get("device") is not None \
                 and torch.device(kwargs["device"]).type != DEVICE:
             if args[0]._local.is_meta:
@@ -158,10 +160,22 @@ class AhbmTensor(torch.Tensor):
                 if name in METADATA:
                     placed = Spec(spec.mesh, view_placements(spec.placements, name, args, tuple(base.shape),
                                                              tuple(x.shape)))
-                return AhbmTensor(x, placed, owns=owns)
+                view = AhbmTensor(x, placed, owns=owns)
+                if not owns:
+                    view._root = root(base)
+                return view
             return tree_map(place, out)
         raise NotImplementedError(f"kbtorch: {func} on ahbm tensors is not supported yet "
                                   f"(no tile kernel is registered for it)")
+
+
+def root(x: AhbmTensor) -> AhbmTensor:
+    """The tensor owning the buffer a view looks at (itself if it is no view).
+
+    NOTE: a root remembers (``_replicated``) that its data was made replicated on its mesh,
+    so that a second view of the same data needs no second all-gather; any in-place op on
+    it or its views forgets it."""
+    return getattr(x, "_root", x)
 
 
 def local(x):
