@@ -17,13 +17,28 @@ def machine():
     return load_machine("ahbm")
 
 
-@lru_cache(maxsize=1024)
-def vector(op: str, n: int, *, inputs: int = 2, dtype: str = "f16", elem_bytes: int = 2,
+def vector(op: str, numel: int, *, placed=None, pes=None, inputs: int = 2, dtype: str = "f16", elem_bytes: int = 2,
            flops_per_element: int | None = None, out_ratio: float = 1.0):
-    """The vector MATH kernel (``ops.elementwise``) over ``n`` elements on all PEs; cached,
-    since the simulator is deterministic: a layer repeated 28 times is simulated once."""
-    return elementwise(op, n, inputs=inputs, dtype=dtype, elem_bytes=elem_bytes, machine=machine(),
+    """The vector MATH kernel (``ops.elementwise``) for a result of ``numel`` elements on the
+    PEs ``pes`` (default: all): split over them when ``placed`` is a ``Shard``, else all of
+    it on every PE (replicated: redundant work, no communication)."""
+    from .placement import Shard
+    pes = tuple(range(len(machine().pes)) if pes is None else pes)
+    n = numel if isinstance(placed, Shard) else numel * len(pes)
+    return _vector(op, max(1, n), pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio)
+
+
+@lru_cache(maxsize=1024)
+def _vector(op, n, pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio):
+    # NOTE: cached: the simulator is deterministic, so a layer repeated 28 times is simulated once.
+    return elementwise(op, n, inputs=inputs, dtype=dtype, elem_bytes=elem_bytes, machine=machine(), pes=pes,
                        flops_per_element=flops_per_element, out_ratio=out_ratio)
+
+
+def mesh_pes(x) -> tuple | None:
+    """The PEs of an ahbm tensor's mesh (None for anything else)."""
+    spec = getattr(x, "_spec", None)
+    return tuple(spec.mesh.pes) if spec is not None else None
 
 
 def wrap(out: torch.Tensor, placement=None, like=None):

@@ -21,6 +21,7 @@ from ..ops.attention import attention
 from .dispatch import same_device
 from .kernels import dtype_of, machine, record, vector, wrap
 from .ops_matmul import timed_mm
+from .placement import Shard
 from .tensor import AhbmTensor, local
 
 NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -61,7 +62,8 @@ def _fallback(q, k, v, out, dtype: str) -> AhbmTensor:
     note = "unfused fallback (explicitly slow)"
     for _ in range(heads):
         timed_mm("sdpa fallback: q @ k^T", (q, k), length, s, e, dtype, note)
-    run = vector("softmax", heads * length * s, inputs=1, dtype=dtype, elem_bytes=eb, flops_per_element=8)
+    run = vector("softmax", heads * length * s, placed=Shard(0), inputs=1, dtype=dtype, elem_bytes=eb,
+                 flops_per_element=8)
     record("sdpa fallback: softmax", (q, k), "vector softmax", run, 8 * heads * length * s, note)
     for _ in range(heads):
         timed_mm("sdpa fallback: p @ v", (q, v), length, ev, s, dtype, note)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from .dispatch import implements, same_device
-from .kernels import vector, dtype_of, machine, record, wrap
+from .kernels import dtype_of, mesh_pes, record, vector, wrap
 from .placement import Partial, Shard
-from .sharding import elementwise_inputs, per_pe_total, placement
+from .sharding import elementwise_inputs, placement
 from .tensor import DEVICE, AhbmTensor, local
 
 
@@ -28,8 +28,9 @@ def _flat(args) -> list:
 
 def timed_copy(op: str, tensors, out: torch.Tensor, placed) -> None:
     dtype, eb = dtype_of(op, out)
-    n = per_pe_total(out.numel(), placed, len(machine().pes))
-    run = vector("copy", n, inputs=1, dtype=dtype, elem_bytes=eb, flops_per_element=0)
+    pes = next((mesh_pes(t) for t in tensors if mesh_pes(t)), None)
+    run = vector("copy", out.numel(), placed=placed, pes=pes, inputs=1, dtype=dtype, elem_bytes=eb,
+                 flops_per_element=0)
     record(f"aten::{op}", tensors, "copy", run, 0)
 
 

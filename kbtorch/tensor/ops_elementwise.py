@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from ..kernel.api import MATH_FLOPS_PER_ELEMENT
 from .dispatch import implements, same_device
-from .kernels import vector, dtype_of, machine, record, wrap
-from .sharding import elementwise_inputs, per_pe_total, placement
+from .kernels import dtype_of, mesh_pes, record, vector, wrap
+from .sharding import elementwise_inputs, placement
 from .tensor import AhbmTensor, local
 
 #: aten op -> MATH engine op (its flops per element are the kernel API's).
@@ -29,8 +29,7 @@ def _handler(func, args, kwargs):
     _, placed = elementwise_inputs(tensors, tuple(out.shape))
     if name.endswith("_"):
         placed = placement(args[0])
-    n = len(machine().pes)
-    run = vector(MATH_OPS[base], per_pe_total(out.numel(), placed, n), inputs=len(tensors) or 1,
+    run = vector(MATH_OPS[base], out.numel(), placed=placed, pes=mesh_pes(tensors[0]), inputs=len(tensors) or 1,
                       dtype=dtype, elem_bytes=eb)
     flops = MATH_FLOPS_PER_ELEMENT[MATH_OPS[base]] * out.numel()
     record(f"aten::{name}", args, f"elementwise {MATH_OPS[base]}", run, flops)

@@ -27,9 +27,9 @@ from ..ops.gemm_model import candidates
 from ..ops.gemm_plan import Shard as GemmShard
 from ..ops.gemm_plan import split
 from .dispatch import implements, same_device
-from .kernels import vector, dtype_of, machine, record, wrap
+from .kernels import dtype_of, machine, mesh_pes, record, vector, wrap
 from .placement import Partial, Replicate, Shard
-from .sharding import flat, per_pe_total, placement, settle_partial
+from .sharding import flat, placement, settle_partial
 from .tensor import local
 
 
@@ -118,7 +118,8 @@ def addmm(func, args, kwargs):
         # NOTE: a bias must be added once, after the partial sums are reduced.
         wrap(out, Partial(), like=args[2]).redistribute([Replicate()])
         placed = Replicate()
-    run = vector("add", per_pe_total(m * n, placed, len(machine().pes)), dtype=dtype, elem_bytes=eb)
+    run = vector("add", m * n, placed=placed, pes=mesh_pes(args[2]) if placed is not None else None, dtype=dtype,
+                 elem_bytes=eb)
     record("aten::addmm (bias)", args, "elementwise add", run, m * n)
     return wrap(out, placed, like=args[2])
 

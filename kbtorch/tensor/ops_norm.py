@@ -8,8 +8,8 @@ and its output size (``out_ratio``).
 from __future__ import annotations
 
 from .dispatch import implements, same_device
-from .kernels import vector, dtype_of, machine, record, wrap
-from .sharding import per_pe_total, placement, rowwise_input, rowwise_output
+from .kernels import dtype_of, mesh_pes, record, vector, wrap
+from .sharding import placement, rowwise_input, rowwise_output
 from .tensor import local
 
 FLOPS = {"_softmax": 8, "softmax": 8, "_log_softmax": 9, "log_softmax": 9, "rms_norm": 5, "mean": 1, "sum": 1, "amax": 1, "pow": 1}
@@ -25,7 +25,7 @@ def vector_pass(func, args, kwargs):
     dims = _dims(name, args, kwargs, x.dim())
     src = rowwise_input(args[0], dims)
     n = x.numel()
-    run = vector(name, per_pe_total(n, placement(src), len(machine().pes)), inputs=1, dtype=dtype,
+    run = vector(name, n, placed=placement(src), pes=mesh_pes(src), inputs=1, dtype=dtype,
                       elem_bytes=eb, flops_per_element=FLOPS[name],
                       out_ratio=out.numel() / max(1, n))
     record(f"aten::{name}", args, f"vector {name}", run, FLOPS[name] * n)

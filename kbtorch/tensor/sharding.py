@@ -108,9 +108,3 @@ def rowwise_output(x, dims: tuple, out_rank: int):
         return Shard(d)
     gone = sum(1 for e in {e % x.dim() for e in dims} if e < d)
     return Shard(d - gone)
-
-
-def per_pe_total(numel: int, p, n_pes: int) -> int:
-    """Elements the vector kernel runs over so that each PE does its share: ``numel`` split
-    when sharded, ``numel`` on every PE when replicated."""
-    return numel if isinstance(p, Shard) else numel * n_pes

@@ -1,0 +1,68 @@
+"""Sharding propagation on the ahbm device: result placements, the collectives they need, values."""
+import torch
+import torch.nn.functional as F
+
+import kbtorch
+from kbtorch import Mesh, Partial, Replicate, Shard, distribute_tensor
+
+P = 16
+MESH = Mesh(tuple(range(P)), (P,))
+
+
+def _names(prof):
+    return [r.name for r in prof.records]
+
+
+def test_elementwise_keeps_the_shard_and_uses_replicated_inputs_locally():
+    x, b = torch.randn(64, 512), torch.randn(512)
+    xs, bs = distribute_tensor(x, MESH, [Shard(0)]), distribute_tensor(b, MESH, [Replicate()])
+    with kbtorch.profile() as prof:
+        y = xs + bs
+    assert y.placements == (Shard(0),) and _names(prof) == ["aten::add"]
+    assert torch.allclose(y.cpu(), x + b)
+
+
+def test_an_input_sharded_on_another_dimension_is_gathered_first():
+    x, z = torch.randn(64, 512), torch.randn(64, 512)
+    xs, zs = distribute_tensor(x, MESH, [Shard(0)]), distribute_tensor(z, MESH, [Shard(1)])
+    with kbtorch.profile() as prof:
+        y = xs * zs
+    assert y.placements == (Shard(0),)
+    assert _names(prof) == ["redistribute Shard(1)->Replicate()", "aten::mul"]
+    assert torch.allclose(y.cpu(), x * z)
+
+
+def test_rowwise_ops_gather_only_when_they_reduce_the_sharded_dimension():
+    x = torch.randn(64, 512)
+    xs = distribute_tensor(x, MESH, [Shard(0)])
+    with kbtorch.profile() as prof:
+        rows = torch.softmax(xs, dim=-1)
+        mean = xs.mean(dim=1)
+    assert rows.placements == (Shard(0),) and mean.placements == (Shard(0),)
+    assert _names(prof) == ["aten::_softmax", "aten::mean"]
+    with kbtorch.profile() as prof:
+        cols = torch.softmax(xs, dim=0)
+    assert cols.placements == (Replicate(),) and _names(prof)[0] == "redistribute Shard(0)->Replicate()"
+    assert torch.allclose(cols.cpu(), torch.softmax(x, dim=0), atol=1e-6)
+
+
+def test_partial_is_reduced_when_used_small_by_all_reduce_large_by_reduce_scatter():
+    small, large = torch.randn(4, 64), torch.randn(64, 512)
+    with kbtorch.profile() as prof:
+        a = distribute_tensor(small, MESH, [Partial()]) + distribute_tensor(small, MESH, [Replicate()])
+        b = distribute_tensor(large, MESH, [Partial()]) * 2.0
+    assert a.placements == (Replicate(),) and b.placements == (Shard(0),)
+    assert _names(prof) == ["redistribute Partial()->Replicate()", "aten::add",
+                            "redistribute Partial()->Shard(0)", "aten::mul"]
+    assert torch.allclose(a.cpu(), 2 * small) and torch.allclose(b.cpu(), 2 * large)
+
+
+def test_column_parallel_needs_a_replicated_input():
+    x, w = torch.randn(64, 128), torch.randn(256, 128)
+    xs, ws = distribute_tensor(x, MESH, [Shard(0)]), distribute_tensor(w, MESH, [Shard(0)])
+    with kbtorch.profile() as prof:
+        y = F.linear(xs, ws)
+    assert y.placements == (Shard(1),)
+    assert _names(prof) == ["redistribute Shard(0)->Replicate()", "aten::mm"]
+    assert "column-parallel" in prof.records[1].detail
+    assert torch.allclose(y.cpu(), x @ w.t(), atol=1e-3)
