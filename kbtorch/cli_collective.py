@@ -13,7 +13,7 @@ from .units import fmt_bytes
 COLLECTIVES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
                "broadcast": "broadcast"}
 REDUCING = ("all_reduce", "reduce_scatter")
-COLLECTIVE_ALGOS = ("ring", "bidir-ring", "2d", "direct", "tree", "auto")
+COLLECTIVE_ALGOS = ("ring", "bidir-ring", "2d", "direct", "tree", "hier", "auto")
 COLLECTIVE_OPS = ("sum", "max")
 COLLECTIVE_DTYPES = ("f16", "bf16", "fp32")
 COLLECTIVE_MODES = ("auto", "fast", "coarse", "flit")

@@ -281,3 +281,13 @@ def test_tree_all_reduce_over_the_whole_machine(ahbm):
     run = collective("all_reduce", group="all", nbytes=64 << 10, algo="tree", topology=ahbm, mode="coarse")
     check_run(run, "all_reduce", 256)
     assert run.mode == "coarse" and run.pes == tuple(range(256))
+
+
+def test_hierarchical_all_reduce_beats_recursive_doubling_on_the_whole_machine(ahbm):
+    """Measured (ns): 7 KiB over 256 PEs: hier 1180.5, tree 3260.0 (every CUBE's 8 PEs send
+    their whole buffer over the same links between CUBEs in tree; hier sends an eighth)."""
+    hier = collective("all_reduce", group="all", nbytes=7 << 10, algo="hier", topology=ahbm)
+    tree = collective("all_reduce", group="all", nbytes=7 << 10, algo="tree", topology=ahbm)
+    check_run(hier, "all_reduce", 256)
+    assert hier.latency_ns < 0.5 * tree.latency_ns
+    assert collective("all_reduce", group="all", nbytes=7 << 10, topology=ahbm).algo == "hier"

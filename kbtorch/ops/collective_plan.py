@@ -19,7 +19,10 @@ Algorithms (``ALGOS``):
   reverse order; with one dimension it is the ring;
 - ``direct``: one shot, every member sends each block straight to the member that needs it;
 - ``tree``: recursive doubling (all-reduce exchanges the whole buffer, ``log2 n`` steps),
-  recursive halving for reduce-scatter, a binomial tree for broadcast.
+  recursive halving for reduce-scatter, a binomial tree for broadcast;
+- ``hier``: hierarchical all-reduce: reduce-scatter inside each line of the innermost grid
+  dimension, recursive doubling of each share across the lines, all-gather back (other
+  kinds as ``2d``).
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
-ALGOS = ("ring", "bidir-ring", "2d", "direct", "tree")
+ALGOS = ("ring", "bidir-ring", "2d", "direct", "tree", "hier")
 OPS = {"sum": torch.add, "max": torch.maximum}
 
 
@@ -179,6 +182,53 @@ def direct(kind: str, grid, root: int) -> tuple[int, list]:
     return n, (rs if kind != "all_gather" else []) + (ag if kind != "reduce_scatter" else [])
 
 
+def _doubling_all_reduce(order: list, blocks: tuple) -> list:
+    """Recursive doubling of ``blocks`` over ``order``; members beyond the largest power of
+    two first fold into a partner and get the result back at the end."""
+    n = len(order)
+    p = 1 << (n.bit_length() - 1)
+    extra = list(range(p, n))
+    steps = [[Xfer(order[q], order[q - p], blocks, True) for q in extra]] if extra else []
+    k = 1
+    while k < p:
+        steps.append([Xfer(order[q], order[q ^ k], blocks, True) for q in range(p)])
+        k *= 2
+    if extra:
+        steps.append([Xfer(order[q - p], order[q], blocks, False) for q in extra])
+    return steps
+
+
+def _line_rs_ag(line: list) -> tuple[list, list]:
+    """(reduce-scatter, all-gather) inside ``line``, block ``i`` ending at position ``i``:
+    recursive halving/doubling when its length is a power of two, else the ring."""
+    n = len(line)
+    if n & (n - 1):
+        own = lambda p: (p,)  # noqa: E731
+        return _ring_rs(line, own), _ring_ag(line, own)
+    bits = n.bit_length() - 1
+    rs = [[Xfer(line[q], line[q ^ (1 << k)], tuple(x for x in range(n) if x >> (k + 1) == q >> (k + 1)
+                                                   and (x >> k) & 1 != (q >> k) & 1), True) for q in range(n)]
+          for k in reversed(range(bits))]
+    ag = [[Xfer(line[q], line[q ^ (1 << k)], tuple(x for x in range(n) if x >> k == q >> k), False)
+           for q in range(n)] for k in range(bits)]
+    return rs, ag
+
+
+def hierarchical(kind: str, grid, root: int) -> tuple[int, list]:
+    """All-reduce in three phases around the grid's innermost dimension (the PEs of a CUBE
+    on AHBM): reduce-scatter inside each line of it (block ``i`` to position ``i``), then an
+    all-reduce of block ``i`` by recursive doubling among the members at position ``i``
+    (snake order), then all-gather back inside each line. Only a line's share of the data
+    crosses between lines. Other kinds, and one-dimensional groups, as ``2d``."""
+    if kind != "all_reduce" or len(grid.dims) < 2:
+        return multi_dim(kind, grid, root)
+    n0 = grid.dims[0]
+    lines = sorted({tuple(grid.line(m, 0)) for m in range(len(grid.order))})
+    phases = [_line_rs_ag(list(line)) for line in lines]
+    outer = [_doubling_all_reduce([m for m in grid.order if grid.coords[m][0] == c], (c,)) for c in range(n0)]
+    return n0, _merge(*(rs for rs, _ in phases)) + _merge(*outer) + _merge(*(ag for _, ag in phases))
+
+
 def tree(kind: str, grid, root: int) -> tuple[int, list]:
     """Recursive doubling / halving over ring positions (partners at distance 1, 2, 4, ...)."""
     order, n = grid.order, len(grid.order)
@@ -189,16 +239,7 @@ def tree(kind: str, grid, root: int) -> tuple[int, list]:
             k *= 2
         return 1, steps
     if kind == "all_reduce":
-        p = 1 << (n.bit_length() - 1)
-        extra = [q for q in range(p, n)]
-        steps = [[Xfer(order[q], order[q - p], (0,), True) for q in extra]] if extra else []
-        k = 1
-        while k < p:
-            steps.append([Xfer(order[q], order[q ^ k], (0,), True) for q in range(p)])
-            k *= 2
-        if extra:
-            steps.append([Xfer(order[q - p], order[q], (0,), False) for q in extra])
-        return 1, steps
+        return 1, _doubling_all_reduce(order, (0,))
     if n & (n - 1):
         raise CollectiveError(f"algorithm 'tree' {kind} needs a power-of-two group, got {n} members")
     bits = n.bit_length() - 1
@@ -215,7 +256,8 @@ def tree(kind: str, grid, root: int) -> tuple[int, list]:
     return n, steps
 
 
-BUILDERS = {"ring": ring, "bidir-ring": bidir_ring, "2d": multi_dim, "direct": direct, "tree": tree}
+BUILDERS = {"ring": ring, "bidir-ring": bidir_ring, "2d": multi_dim, "direct": direct, "tree": tree,
+            "hier": hierarchical}
 
 
 def schedule(kind: str, algo: str, grid, root: int = 0) -> Schedule:
