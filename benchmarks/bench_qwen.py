@@ -5,7 +5,8 @@
   one new token, plus the final norm and the LM head; tokens/s and the fraction of the
   aggregate HBM bandwidth (weights, LM head and KV cache read once per token, over the
   token's simulated time).
-- **(b) prefill**, one decoder layer at S = 512 ... 4096 (``examples/qwen_layer.py``).
+- **(b) prefill**, one decoder layer at S = 512 ... 4096 (``examples/qwen_layer.py``, its
+  default mapping for prefill: each GEMM on its own 2-D grid of all PEs).
 
 Each point runs in a fresh process (``--point``), so its wall seconds include every kernel
 simulated for the first time (nothing cached from another point) and its peak memory

@@ -1,18 +1,24 @@
 """One Qwen2 decoder layer on the "ahbm" device: prefill or decode, profiled op by op.
 
 The layer is ``models.qwen2.DecoderLayer`` in plain torch, moved to ahbm with
-``module.to("ahbm")`` and placed for tensor parallelism over all 256 PEs
-(``tensor_parallel``: column-parallel q/k/v/gate/up, row-parallel o/down, the partial sums
-reduced when the residual add uses them). Prefill runs ``--seq S`` tokens (causal); decode
-runs one new token against a KV cache of ``--kv-len L`` positions and reports the tokens/s
+``module.to("ahbm")`` and placed by ``--mapping``: ``tp`` (default for decode) is tensor
+parallelism over all 256 PEs (``tensor_parallel``: column-parallel q/k/v/gate/up,
+row-parallel o/down, the partial sums reduced when the residual add uses them); ``grid``
+(default for prefill) replicates the weights, so every GEMM runs on its own automatic 2-D
+grid of all PEs with the activation row panels deployed as the GEMM kernel assumes
+(uncharged; with ``tp`` a prefill pays 256-PE all-gathers and reduce-scatters instead, and
+its thin per-PE GEMM slices re-read the activations). Prefill runs ``--seq S`` tokens
+(causal); decode runs one new token against a KV cache of ``--kv-len L`` positions and
+reports the tokens/s
 of the whole model (``layers`` x this layer + final norm + LM head) and the fraction of
 aggregate HBM bandwidth it achieves (weights and KV cache read once per token).
 
     python examples/qwen_layer.py                        # 7B decode, L = 4096, timing only
-    python examples/qwen_layer.py --seq 2048             # 7B prefill
+    python examples/qwen_layer.py --seq 2048             # 7B prefill (mapping grid)
+    python examples/qwen_layer.py --seq 512 --mapping tp            # ... tensor-parallel (minutes)
     python examples/qwen_layer.py --config tiny --seq 9 --check      # numerics vs CPU
     python examples/qwen_layer.py --kv-len 16384 --json --trace out.json
-    python examples/qwen_layer.py --hf --config tiny --check  # Hugging Face Qwen2DecoderLayer
+    python examples/qwen_layer.py --hf --config tiny --seq 7 --check  # Hugging Face Qwen2DecoderLayer
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kbtorch  # noqa: E402
 from kbtorch.tensor.kernels import machine  # noqa: E402
 from models.qwen2 import CONFIGS, KVCache, rotary, tensor_parallel  # noqa: E402
-from models.qwen2_run import build_layer, lm_head_ns, run_hf  # noqa: E402
+from models.qwen2_run import build_layer, lm_head_ns, replicate, run_hf  # noqa: E402
 
 
 def parse(argv):
@@ -40,6 +46,10 @@ def parse(argv):
     mode.add_argument("--seq", type=int, help="prefill S tokens")
     mode.add_argument("--kv-len", type=int, help="decode one token against L cached positions (default 4096)")
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--mapping", choices=("tp", "grid"),
+                    help="tp: tensor-parallel placements (default for decode); grid: replicated weights, every GEMM "
+                         "on its own automatic 2-D grid of all PEs, its activation panels deployed as the GEMM "
+                         "kernel assumes, uncharged (default for prefill)")
     ap.add_argument("--timing-only", action="store_true", default=None, help="no data (default for 7b)")
     ap.add_argument("--check", action="store_true", help="compare with the same layer on CPU")
     ap.add_argument("--hf", action="store_true", help="run Hugging Face's Qwen2DecoderLayer (needs transformers)")
@@ -52,6 +62,8 @@ def parse(argv):
         ap.error("--check needs data: drop --timing-only")
     if args.seq is None and args.kv_len is None:
         args.kv_len = 4096 if args.config == "7b" else 8
+    if args.mapping is None:
+        args.mapping = "tp" if args.seq is None else "grid"
     for name in ("seq", "kv_len", "batch"):
         value = getattr(args, name)
         if value is not None and value < (1 if name != "kv_len" else 0):
@@ -72,7 +84,7 @@ def run_layer(args):
     with data():
         layer, ref_layer = build_layer(cfg, dtype, args.timing_only, args.check)
         layer.to("ahbm")
-        tensor_parallel(layer)
+        (tensor_parallel if args.mapping == "tp" else replicate)(layer)
     x = torch.randn(args.batch, s, cfg.hidden, dtype=dtype) if not args.timing_only else None
     kv = (torch.randn(args.batch, cfg.kv_heads, past + s, cfg.head_dim, dtype=dtype) for _ in range(2)) \
         if not args.timing_only else None
@@ -100,7 +112,8 @@ def run_layer(args):
 
 def report(args, prof, out, ref, wall: float) -> dict:
     cfg = CONFIGS[args.config]
-    rec = {"config": args.config, "mode": "prefill" if args.seq else "decode", "batch": args.batch,
+    rec = {"config": args.config, "mode": "prefill" if args.seq else "decode", "mapping": args.mapping,
+           "batch": args.batch,
            "seq": args.seq, "kv_len": args.kv_len, "latency_ns": prof.total_ns,
            "ops": [{"name": r.name, "latency_ns": r.latency_ns, "bottleneck": r.bottleneck} for r in prof.records]}
     if args.seq is None:
@@ -137,6 +150,7 @@ def main(argv=None) -> int:
         return 0 if rec.get("allclose", True) else 1
     print(prof.key_averages().table(sort_by="latency_ns", row_limit=25))
     what = f"prefill S={args.seq}" if args.seq else f"decode, KV cache L={args.kv_len}"
+    what += f", mapping {args.mapping}"
     print(f"\nQwen2 {args.config} decoder layer, batch {args.batch}, {what}: {prof.total_ns / 1000:.2f} us simulated "
           f"({len(prof.records)} ops, {rec['wall_s']:.1f} s wall)")
     if args.seq is None:

@@ -27,6 +27,19 @@ def build_layer(cfg: Qwen2Config, dtype, timing_only: bool, check: bool):
     return layer, copy.deepcopy(layer) if check else None
 
 
+def replicate(module: nn.Module) -> nn.Module:
+    """Place every parameter of ``module`` (on ahbm) replicated on all PEs: each matmul then
+    runs as one GEMM over all PEs on its automatic grid (see ``kbtorch/tensor/ops_matmul.py``)."""
+    from kbtorch.tensor.kernels import machine
+    n = len(machine().pes)
+    mesh = kbtorch.Mesh(tuple(range(n)), (n,))
+    for sub in module.modules():
+        for name, p in list(sub.named_parameters(recurse=False)):
+            placed = kbtorch.distribute_tensor(p.data, mesh, [kbtorch.Replicate()])
+            setattr(sub, name, nn.Parameter(placed, requires_grad=p.requires_grad))
+    return module
+
+
 def lm_head_ns(cfg: Qwen2Config, batch: int) -> tuple[float, int]:
     """(simulated ns, HBM bytes) of the final norm and the LM head for one decode token:
     a column-parallel GEMV over the vocabulary (the weight sharded on its rows)."""

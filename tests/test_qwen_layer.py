@@ -19,7 +19,8 @@ def _run(capsys, *argv):
     return code, json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("argv", [("--seq", "9"), ("--kv-len", "7"), ("--seq", "5", "--batch", "2")])
+@pytest.mark.parametrize("argv", [("--seq", "9"), ("--kv-len", "7"), ("--seq", "5", "--batch", "2"),
+                                  ("--seq", "6", "--mapping", "grid")])
 def test_tiny_layer_matches_cpu(capsys, argv):
     code, rec = _run(capsys, "--config", "tiny", "--check", *argv)
     assert code == 0 and rec["allclose"] and rec["max_abs_err"] < 5e-2

@@ -118,10 +118,10 @@ def addmm(func, args, kwargs):
         # NOTE: a bias must be added once, after the partial sums are reduced.
         wrap(out, Partial(), like=args[2]).redistribute([Replicate()])
         placed = Replicate()
-    run = vector("add", m * n, placed=placed, pes=mesh_pes(args[2]) if placed is not None else None, dtype=dtype,
-                 elem_bytes=eb)
+    result = wrap(out, placed, like=args[2])
+    run = vector("add", m * n, placed=placement(result), pes=mesh_pes(result), dtype=dtype, elem_bytes=eb)
     record("aten::addmm (bias)", args, "elementwise add", run, m * n)
-    return wrap(out, placed, like=args[2])
+    return result
 
 
 @implements("bmm")
