@@ -114,4 +114,7 @@ def test_views_move_the_sharded_dimension():
     x = torch.randn(4, 300, 256).to("ahbm")
     assert x.permute(2, 0, 1).placements == (Shard(2),)
     assert torch.randn(512, 64).to("ahbm").placements == (Replicate(),)    # small: replicated
+    h = kbtorch.distribute_tensor(torch.randn(4, 3584), kbtorch.Mesh(tuple(range(256)), (256,)), [Shard(1)])
+    assert h.view(4, 28, 128).placements == (Shard(1),)            # split: the shard goes to the heads
+    assert h.view(4, 28, 128).view(4, 3584).placements == (Shard(1),)    # merged back
     assert torch.equal(x.permute(2, 0, 1).cpu(), x.cpu().permute(2, 0, 1))

@@ -17,14 +17,20 @@ def machine():
     return load_machine("ahbm")
 
 
-def vector(op: str, numel: int, *, placed=None, pes=None, inputs: int = 2, dtype: str = "f16", elem_bytes: int = 2,
-           flops_per_element: int | None = None, out_ratio: float = 1.0):
+def vector(op: str, numel: int, *, placed=None, pes=None, shape=None, inputs: int = 2, dtype: str = "f16",
+           elem_bytes: int = 2, flops_per_element: int | None = None, out_ratio: float = 1.0):
     """The vector MATH kernel (``ops.elementwise``) for a result of ``numel`` elements on the
-    PEs ``pes`` (default: all): split over them when ``placed`` is a ``Shard``, else all of
-    it on every PE (replicated: redundant work, no communication)."""
+    PEs ``pes`` (default: all): split over the PEs that hold a part when ``placed`` is a
+    ``Shard`` (at most ``shape[dim]`` of them), else all of it on every PE (replicated:
+    redundant work, no communication)."""
     from .placement import Shard
     pes = tuple(range(len(machine().pes)) if pes is None else pes)
-    n = numel if isinstance(placed, Shard) else numel * len(pes)
+    if isinstance(placed, Shard):
+        if shape:
+            pes = pes[:max(1, min(len(pes), shape[placed.dim % len(shape)]))]
+        n = numel
+    else:
+        n = numel * len(pes)
     return _vector(op, max(1, n), pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio)
 
 

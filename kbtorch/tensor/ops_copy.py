@@ -29,8 +29,8 @@ def _flat(args) -> list:
 def timed_copy(op: str, tensors, out: torch.Tensor, placed) -> None:
     dtype, eb = dtype_of(op, out)
     pes = next((mesh_pes(t) for t in tensors if mesh_pes(t)), None)
-    run = vector("copy", out.numel(), placed=placed, pes=pes, inputs=1, dtype=dtype, elem_bytes=eb,
-                 flops_per_element=0)
+    run = vector("copy", out.numel(), placed=placed, pes=pes, shape=tuple(out.shape), inputs=1, dtype=dtype,
+                 elem_bytes=eb, flops_per_element=0)
     record(f"aten::{op}", tensors, "copy", run, 0)
 
 

@@ -29,8 +29,8 @@ def _handler(func, args, kwargs):
     _, placed = elementwise_inputs(tensors, tuple(out.shape))
     if name.endswith("_"):
         placed = placement(args[0])
-    run = vector(MATH_OPS[base], out.numel(), placed=placed, pes=mesh_pes(tensors[0]), inputs=len(tensors) or 1,
-                      dtype=dtype, elem_bytes=eb)
+    run = vector(MATH_OPS[base], out.numel(), placed=placed, pes=mesh_pes(tensors[0]), shape=tuple(out.shape),
+                 inputs=len(tensors) or 1, dtype=dtype, elem_bytes=eb)
     flops = MATH_FLOPS_PER_ELEMENT[MATH_OPS[base]] * out.numel()
     record(f"aten::{name}", args, f"elementwise {MATH_OPS[base]}", run, flops)
     if name.endswith("_"):

@@ -119,7 +119,8 @@ def addmm(func, args, kwargs):
         wrap(out, Partial(), like=args[2]).redistribute([Replicate()])
         placed = Replicate()
     result = wrap(out, placed, like=args[2])
-    run = vector("add", m * n, placed=placement(result), pes=mesh_pes(result), dtype=dtype, elem_bytes=eb)
+    run = vector("add", m * n, placed=placement(result), pes=mesh_pes(result), shape=(m, n),
+                 dtype=dtype, elem_bytes=eb)
     record("aten::addmm (bias)", args, "elementwise add", run, m * n)
     return result
 

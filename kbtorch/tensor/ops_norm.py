@@ -25,9 +25,8 @@ def vector_pass(func, args, kwargs):
     dims = _dims(name, args, kwargs, x.dim())
     src = rowwise_input(args[0], dims)
     n = x.numel()
-    run = vector(name, n, placed=placement(src), pes=mesh_pes(src), inputs=1, dtype=dtype,
-                      elem_bytes=eb, flops_per_element=FLOPS[name],
-                      out_ratio=out.numel() / max(1, n))
+    run = vector(name, n, placed=placement(src), pes=mesh_pes(src), shape=tuple(src.shape), inputs=1, dtype=dtype,
+                 elem_bytes=eb, flops_per_element=FLOPS[name], out_ratio=out.numel() / max(1, n))
     record(f"aten::{name}", args, f"vector {name}", run, FLOPS[name] * n)
     return wrap(out, rowwise_output(src, dims, out.dim()), like=src)
 

@@ -76,8 +76,13 @@ def view_placements(placements: tuple, op: str, args: tuple, in_shape: tuple, ou
     """Placements of the result of a view ``op`` (``t``, ``transpose``, ``permute`` move the
     sharded dimension; other views keep it where the dimensions before it are unchanged).
 
-    NOTE: a view that splits or merges the sharded dimension would need a re-layout; its
-    result is taken as ``Replicate()`` (values are unaffected, only the placement)."""
+    A view that splits the sharded dimension keeps the shard on the outermost of its parts
+    (``[S, 3584]`` sharded on 3584 viewed as ``[S, 28, 128]`` is sharded on the 28 heads); a
+    view that merges it, as the outermost, with inner dimensions keeps it on the merged one.
+
+    NOTE: a split's chunks are not the original chunks (a PE held 14 of 3584 columns, it now
+    holds a head): that re-layout is not charged. Any other view of a sharded dimension is
+    taken as ``Replicate()`` (values are unaffected, only the placement)."""
     out = []
     for p in placements:
         if not isinstance(p, Shard):
@@ -98,7 +103,13 @@ def _moved(d: int, op: str, args: tuple, in_shape: tuple, out_shape: tuple):
         perm = [x % len(in_shape) for x in args[1]]
         return Shard(perm.index(d))
     before = prod(in_shape[:d])
-    for e, size in enumerate(out_shape):
-        if size == in_shape[d] and prod(out_shape[:e]) == before:
+    starts = [e for e in range(len(out_shape)) if prod(out_shape[:e]) == before]
+    for e in starts:
+        if out_shape[e] == in_shape[d]:
+            return Shard(e)
+    for e in starts:
+        split = out_shape[e] > 1 and any(prod(out_shape[e:f]) == in_shape[d] for f in range(e + 2, len(out_shape) + 1))
+        merged = any(prod(in_shape[d:f]) == out_shape[e] for f in range(d + 2, len(in_shape) + 1))
+        if split or merged:
             return Shard(e)
     return Replicate()
