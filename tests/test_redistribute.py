@@ -50,12 +50,20 @@ def test_full_tensor_gathers_every_dimension(t):
 
 def test_errors(t):
     x = distribute_tensor(t, MESH, [Replicate(), Shard(0)])
-    with pytest.raises(NotImplementedError, match=r"Shard\(0\) -> Shard\(1\)"):
-        x.redistribute([Replicate(), Shard(1)])
+    with pytest.raises(NotImplementedError, match=r"Shard\(0\) -> Partial\(\)"):
+        x.redistribute([Replicate(), Partial()])
     with pytest.raises(ValueError, match="Shard"):
         distribute_tensor(t, MESH, [Shard(2), Replicate()])
     with pytest.raises(ValueError, match="outside topology"):
         distribute_tensor(t, Mesh((0, 999), (2,)), [Replicate()])
+
+
+def test_shard_to_another_shard_gathers_then_keeps_a_part(t):
+    x = distribute_tensor(t, MESH, [Replicate(), Shard(0)])
+    with kbtorch.profile() as prof:
+        y = x.redistribute([Replicate(), Shard(1)])
+    assert y.placements == (Replicate(), Shard(1)) and torch.equal(y.cpu(), t)
+    assert [r.kernel.split()[0] for r in prof.records] == ["all_gather"]
 
 
 def test_data_gathered_once_serves_every_view_until_written(t):

@@ -109,10 +109,13 @@ def estimates(kind: str, machine, grid, nbytes: int, eb: int, root: int = 0, pac
     """Predicted time (ps) of every algorithm that applies: ``{algo: ps}``.
 
     NOTE: ``direct`` is left out above ``DIRECT_MAX`` members: its n x n messages cost every
-    member n - 1 command issues per phase, which no payload size makes up for there."""
-    out = {}
+    member n - 1 command issues per phase, which no payload size makes up for there. Above
+    that size, too, an algorithm whose command-issue floor (a lower bound of its estimate)
+    already exceeds the best estimate so far is not estimated (fewest steps first)."""
+    big = len(grid.pes) > DIRECT_MAX
+    scheds = []
     for algo in ALGOS:
-        if algo == "direct" and len(grid.pes) > DIRECT_MAX:
+        if algo == "direct" and big:
             continue
         try:
             sched = schedule(kind, algo, grid, root)
@@ -120,9 +123,16 @@ def estimates(kind: str, machine, grid, nbytes: int, eb: int, root: int = 0, pac
             continue
         if (nbytes // eb) % sched.blocks or nbytes % eb:
             continue
+        scheds.append((len(sched.steps), ALGOS.index(algo), algo, sched))
+    out, best = {}, None
+    for _, _, algo, sched in sorted(scheds, key=lambda t: t[:2]):
         block = nbytes // sched.blocks
-        out[algo] = model.alpha_beta_ps(machine, sched, grid.pes, block, packet_bytes or packet_size(block))
-    return out
+        packet = packet_bytes or packet_size(block)
+        if big and best is not None and model.issue_ps(machine, sched, block, packet) >= best:
+            continue
+        out[algo] = model.alpha_beta_ps(machine, sched, grid.pes, block, packet)
+        best = out[algo] if best is None else min(best, out[algo])
+    return {a: out[a] for a in ALGOS if a in out}
 
 
 def _build(kind, algo, machine, grid, nbytes, eb, dtype, op, root, packet_bytes):

@@ -13,7 +13,9 @@ from .stream import STREAM
 DTYPES = {torch.float16: ("f16", 2), torch.bfloat16: ("bf16", 2), torch.float32: ("fp32", 4)}
 
 
+@lru_cache(maxsize=1)
 def machine():
+    """The AHBM machine the device models (compiled once)."""
     return load_machine("ahbm")
 
 

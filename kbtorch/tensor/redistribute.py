@@ -9,7 +9,9 @@ rings side by side, ``kbtorch.ops.collective.concurrent``; cached per shape):
 - ``Shard(d) -> Replicate()``: all-gather; ``Partial() -> Replicate()``: all-reduce;
   ``Partial() -> Shard(d)``: reduce-scatter, each of the tensor's full size per member;
 - ``Replicate() -> Shard(d)``: every PE keeps its part of what it has: no data moves;
-- other changes (``Shard(d) -> Shard(e)``, ``-> Partial()``) are not supported yet.
+- ``Shard(d) -> Shard(e)``: all-gather, then every PE keeps its part (NOTE: an all-to-all
+  would move 1/n of that; the collectives have none yet, so this is an upper bound);
+- ``-> Partial()`` is not supported and says so.
 
 The numeric value is the tensor's global value, which no placement change alters. A
 payload that does not split into the algorithm's blocks is padded up to the next multiple
@@ -54,7 +56,7 @@ def _lines(mesh, dim: int) -> list[tuple]:
 def _kind(old, new) -> str | None:
     if old == new or (isinstance(old, Replicate) and isinstance(new, Shard)):
         return None
-    if isinstance(old, Shard) and isinstance(new, Replicate):
+    if isinstance(old, Shard) and isinstance(new, (Replicate, Shard)):
         return "all_gather"
     if isinstance(old, Partial) and isinstance(new, Replicate):
         return "all_reduce"
