@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 DECODE_L = (4096, 16384)
 PREFILL_S = (512, 1024, 2048, 4096)
+TARGET_L = 16384          # the KV length the HBM target is stated at
 TARGETS = {"decode_pct_hbm": 70.0, "prefill_2048_wall_s": 10.0, "decode_wall_s": 20.0, "peak_gb": 2.0}
 
 
@@ -103,9 +104,10 @@ def main(argv=None) -> int:
     pre = {r["seq"]: r for r in recs if r["kind"] == "prefill"}
     print("\ntargets")
     for r in dec:
-        print(f"  decode L={r['kv_len']}: {r['pct_hbm']:.1f}% of HBM (>= {TARGETS['decode_pct_hbm']}%): "
-              f"{'PASS' if r['pct_hbm'] >= TARGETS['decode_pct_hbm'] else 'FAIL'}; 28-layer step "
-              f"{r['wall_s']:.1f} s wall (<= {TARGETS['decode_wall_s']} s): "
+        pct = f"{r['pct_hbm']:.1f}% of HBM"
+        if r["kv_len"] == TARGET_L:
+            pct += f" (>= {TARGETS['decode_pct_hbm']}%): {'PASS' if r['pct_hbm'] >= TARGETS['decode_pct_hbm'] else 'FAIL'}"
+        print(f"  decode L={r['kv_len']}: {pct}; 28-layer step {r['wall_s']:.1f} s wall (<= {TARGETS['decode_wall_s']} s): "
               f"{'PASS' if r['wall_s'] <= TARGETS['decode_wall_s'] else 'FAIL'}")
     if 2048 in pre:
         w = pre[2048]["wall_s"]
