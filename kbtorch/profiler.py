@@ -75,9 +75,11 @@ class Profile:
         return KeyAverages(self.records)
 
     def export_chrome_trace(self, path: str) -> None:
-        """Chrome/Perfetto JSON: every op on its kernel's track, and on one track per engine
-        role and per link kind an event over the op's span named with how busy it was
-        (engines: mean over the PEs used; links: the busiest link of the kind)."""
+        """Chrome/Perfetto JSON: every op on its kernel's track; on one track per engine role
+        and per link kind an event over the op's span named with how busy it was (engines:
+        mean over the PEs used; links: the busiest link of the kind); and on one track per
+        engine of the op's first PE, its commands as they ran (busy spans, up to
+        ``SPANS_MAX`` per engine and op), so the overlap of the engines shows."""
         tracks: dict = {}
         events = []
         for r in self.records:
@@ -88,10 +90,26 @@ class Profile:
             for track, busy in r.usage:
                 events.append(dict(base, name=f"{r.name} {100 * busy:.0f}%", cat="usage",
                                    tid=tracks.setdefault(track, len(tracks) + 1), args={"busy": busy}))
+            events += _command_events(r, tracks)
         events += [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}
                    for name, tid in tracks.items()]
         with open(path, "w") as fh:
             json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, fh)
+
+
+def _command_events(r, tracks: dict) -> list:
+    """The busy spans of the op's first PE's engines as events, offset by the op's start."""
+    timeline = r.timeline or {}
+    out = []
+    for role, spans in timeline.items():
+        if role == "pe":
+            continue
+        tid = tracks.setdefault(f"first PE: {role}", len(tracks) + 1)
+        for start, end, what in spans:
+            out.append({"ph": "X", "pid": 1, "tid": tid, "ts": (r.start_ns + start / 1000) / 1000,
+                        "dur": (end - start) / 1e6, "name": what, "cat": "command", "args": {"op": r.name,
+                                                                                            "pe": timeline["pe"]}})
+    return out
 
 
 class KeyAverages:

@@ -105,12 +105,16 @@ def test_profile_table_and_chrome_trace(tmp_path, gen):
     path = tmp_path / "trace.json"
     prof.export_chrome_trace(str(path))
     events = json.loads(path.read_text())["traceEvents"]
-    ops = [e for e in events if e["ph"] == "X" and e["cat"] != "usage"]
+    ops = [e for e in events if e["ph"] == "X" and e["cat"] not in ("usage", "command")]
     usage = [e for e in events if e["ph"] == "X" and e["cat"] == "usage"]
+    commands = [e for e in events if e["ph"] == "X" and e["cat"] == "command"]
     assert len(ops) == len(prof.records) and len({e["tid"] for e in ops}) >= 2
     tracks = {e["args"]["name"] for e in events if e["ph"] == "M"}
-    assert {"engine gemm", "engine math", "links noc"} <= tracks and usage
+    assert {"engine gemm", "engine math", "links noc", "first PE: gemm", "first PE: math"} <= tracks and usage
     assert all(0 < e["args"]["busy"] <= 1 for e in usage)
+    for e in commands:                                  # each command inside its op's span
+        op = next(o for o in ops if o["name"] == e["args"]["op"] and o["ts"] <= e["ts"])
+        assert e["dur"] > 0 and e["ts"] + e["dur"] <= op["ts"] + op["dur"] + 1e-9
 
 
 def test_errors_like_torch(gen):

@@ -41,6 +41,7 @@ class RunResult:
     trace: list[str] | None = field(default=None, repr=False)
     finishes: list[int] | None = field(default=None, repr=False)
     pe_finish_ps: dict = field(default_factory=dict, repr=False)
+    timeline: dict = field(default_factory=dict, repr=False)
 
     @property
     def latency_ns(self) -> float:
@@ -86,6 +87,7 @@ class Simulator:
         self.pe_finish: dict[int, int] = {}
         self._used = False
         self.weight = weight or (lambda node: 1)
+        self.timeline_pe: int | None = None
 
     def pe(self, i: int) -> PEModel:
         if not 0 <= i < len(self.machine.pes):
@@ -117,6 +119,7 @@ class Simulator:
     def run(self, programs: dict) -> RunResult:
         """Launch ``{pe: [commands]}`` at t=0 and run to completion."""
         t0 = self._start()
+        self.timeline_pe = min(programs) if programs else None
         for pe in sorted(programs):
             self.pe(pe).launch(list(programs[pe]), 0, None)
         self.engine.run()
@@ -148,7 +151,16 @@ class Simulator:
             raise AssertionError(f"attribution {blame.total(self.last_chain)} ps != latency {self.last_t} ps")
         trace = self.engine.trace_lines() if self.engine.trace is not None else None
         return RunResult(self.last_t, self.last_chain, self.engine.events, wall, self._stats(), self.machine.graph, trace,
-                         pe_finish_ps=dict(sorted(self.pe_finish.items())))
+                         pe_finish_ps=dict(sorted(self.pe_finish.items())), timeline=self._timeline())
+
+    def _timeline(self) -> dict:
+        """``{"pe": id, role: ((start_ps, end_ps, command), ...)}``: the busy spans of each
+        engine of the run's first PE (at most ``SPANS_MAX`` per engine)."""
+        model = self._pes.get(self.timeline_pe)
+        if model is None:
+            return {}
+        out = {role: tuple(q.spans) for role, q in sorted(model.engines.items()) if q.spans}
+        return dict(out, pe=self.timeline_pe) if out else {}
 
     def _stats(self) -> dict:
         links = {}

@@ -90,4 +90,5 @@ def usage(result) -> tuple:
 def record(op: str, args, kernel: str, result, flops: int, detail: str = ""):
     shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
     return STREAM.record(op, shapes, kernel, result.latency_ns, flops=flops, bytes=hbm_bytes(result),
-                         bottleneck=bottleneck(result), detail=detail, usage=usage(result))
+                         bottleneck=bottleneck(result), detail=detail, usage=usage(result),
+                         timeline=result.timeline or None)

@@ -21,6 +21,7 @@ class OpRecord:
     bottleneck: str = ""
     detail: str = ""
     usage: tuple = ()
+    timeline: dict | None = field(default=None, compare=False, repr=False)
 
     @property
     def tflops(self) -> float:

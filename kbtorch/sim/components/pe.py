@@ -18,6 +18,10 @@ from ..network import arrive
 from .composite import CompositeRun
 
 
+#: Busy spans kept per engine of the timeline PE (a bound on a run's timeline size).
+SPANS_MAX = 2000
+
+
 class Pending:
     """A command in an engine queue, with its correlation ID and enqueue time/chain."""
 
@@ -39,6 +43,7 @@ class EngineQueue:
         self.current = None
         self.busy_ps = 0
         self.done = 0
+        self.spans: list | None = [] if pe.sim.timeline_pe == pe.info.id else None
 
     def arrive(self, p: Pending) -> None:
         self.queue.append(p)
@@ -75,6 +80,8 @@ class EngineQueue:
     def release(self, t: int, chain) -> None:
         """The engine is free again at ``t`` (called at time ``t``)."""
         self.busy_ps += t - self.started
+        if self.spans is not None and len(self.spans) < SPANS_MAX:
+            self.spans.append((self.started, t, self.current.cmd.describe()))
         self.busy, self.free_t, self.free_chain = False, t, chain
         self.try_start()
 
