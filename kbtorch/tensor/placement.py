@@ -72,6 +72,14 @@ class Spec:
         return f"Spec({len(self.mesh.pes)} PEs {self.mesh.shape}, {list(self.placements)})"
 
 
+def first_split_dim(shape: tuple, n_pes: int) -> int | None:
+    """The first dimension of ``shape`` with at least ``n_pes`` rows (None if none has)."""
+    for d, size in enumerate(shape):
+        if size >= n_pes:
+            return d
+    return None
+
+
 def view_placements(placements: tuple, op: str, args: tuple, in_shape: tuple, out_shape: tuple) -> tuple:
     """Placements of the result of a view ``op`` (``t``, ``transpose``, ``permute`` move the
     sharded dimension; other views keep it where the dimensions before it are unchanged).

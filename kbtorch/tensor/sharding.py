@@ -19,7 +19,8 @@ PE, a replicated one ``n`` per PE (every PE computes the whole, no communication
 """
 from __future__ import annotations
 
-from .placement import Partial, Replicate, Shard, Spec
+from .placement import Mesh, Partial, Replicate, Shard, Spec, first_split_dim
+from .tensor import SHARD_MIN_PER_PE, AhbmTensor
 
 
 def placement(x):
@@ -40,18 +41,9 @@ def flat(x):
     spec = x._spec
     if len(spec.placements) == 1:
         return x
-    from .placement import Mesh
     rep = x.redistribute([Replicate()] * len(spec.placements))
     mesh = Mesh(spec.mesh.pes, (len(spec.mesh.pes),))
-    from .tensor import AhbmTensor
     return AhbmTensor(rep._local, Spec(mesh, (Replicate(),)), owns=False)
-
-
-def first_split_dim(shape: tuple, n_pes: int) -> int | None:
-    for d, size in enumerate(shape):
-        if size >= n_pes:
-            return d
-    return None
 
 
 def settle_partial(x, out_shape: tuple | None = None):
@@ -60,7 +52,6 @@ def settle_partial(x, out_shape: tuple | None = None):
     size in the output), else all-reduce."""
     if not isinstance(placement(x), Partial):
         return x
-    from .tensor import SHARD_MIN_PER_PE
     n = len(x._spec.mesh.pes)
     d = first_split_dim(tuple(x.shape), n) if x.numel() >= n * SHARD_MIN_PER_PE else None
     if d is not None and (out_shape is None or (len(out_shape) == x.dim() and out_shape[d] == x.shape[d])):

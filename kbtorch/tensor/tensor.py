@@ -13,7 +13,7 @@ from math import prod
 import torch
 from torch.utils._pytree import tree_map
 
-from .placement import Mesh, Replicate, Shard, Spec, view_placements
+from .placement import Mesh, Replicate, Shard, Spec, first_split_dim, view_placements
 
 DEVICE = "ahbm"
 
@@ -62,11 +62,8 @@ def default_spec(n_pes: int, shape: tuple = ()) -> Spec:
     elements per PE: weights, long activations), else replicated (biases, norms' weights,
     a decode step's activations)."""
     mesh = Mesh(tuple(range(n_pes)), (n_pes,))
-    if prod(shape) >= n_pes * SHARD_MIN_PER_PE:
-        for d, size in enumerate(shape):
-            if size >= n_pes:
-                return Spec(mesh, (Shard(d),))
-    return Spec(mesh, (Replicate(),))
+    d = first_split_dim(tuple(shape), n_pes) if prod(shape) >= n_pes * SHARD_MIN_PER_PE else None
+    return Spec(mesh, (Shard(d),) if d is not None else (Replicate(),))
 
 
 class AhbmTensor(torch.Tensor):
