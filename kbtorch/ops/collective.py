@@ -140,7 +140,8 @@ def _build(kind, algo, machine, grid, nbytes, eb, dtype, op, root, packet_bytes)
     sched = schedule(kind, algo, grid, root)
     kernel = CollectiveKernel(machine, sched, grid, nbytes, eb, dtype, op, packet_bytes)
     programs = kernel.programs()
-    return sched, kernel, programs, model.resource_ps(machine, programs), model.startup_ps(machine, sched, grid.pes)
+    startup = model.startup_ps(machine, sched, grid.pes, kernel.packet_elems * eb)
+    return sched, kernel, programs, model.resource_ps(machine, programs), startup
 
 
 def collective(kind: str, shards=None, *, group="all", algo: str = "auto", op: str = "sum", root: int = 0,

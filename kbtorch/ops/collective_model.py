@@ -6,11 +6,12 @@
 - ``startup_ps`` (alpha_min): the longest chain of one-flit transfers that an output
   block depends on, each from the sender's TCM (the fastest place a value can be) to the
   receiver (its TCM for a reduction, then fetch, one MATH element and store; its HBM for a
-  copy); and at least one command issue (``d_cmd`` of the smallest descriptor) for every
-  step in which a member sends or reduces, plus one for its first reduction send if it
-  makes one before it has reduced anything (no earlier composite can carry it), since its
-  control processor issues commands one at a time; plus the launch (CP and scheduler
-  overhead). No kernel can do it faster.
+  copy) and, for the rest of one packet, its slowest link's flit time; each transfer
+  also waits for the command that carries it: a member's
+  control processor issues commands one at a time, at least one (``d_cmd`` of the smallest
+  descriptor) for every step in which it sends or reduces, plus one for its first
+  reduction send if it makes one before it has reduced anything (no earlier composite can
+  carry it); plus the launch (CP and scheduler overhead). No kernel can do it faster.
 - ``bound`` = max(alpha_min, the busiest resource): the speed of light of this kernel on
   this topology; ``pct_bound`` compares the simulation with it.
 - ``alpha_beta_ps``: the textbook estimate, step by step without overlap: each step costs
@@ -97,6 +98,14 @@ def _xfer_alpha(machine, src_pe: int, dst_pe: int, reduce: bool) -> int:
     return t
 
 
+def _xfer_beta(machine, src_pe: int, dst_pe: int, reduce: bool) -> int:
+    """The flit time (ps) of the slowest link on a transfer's data path."""
+    s, d = machine.pes[src_pe], machine.pes[dst_pe]
+    path = data_path(machine, s.node("tcm"), d.node("tcm") if reduce else d.hbm)
+    g = machine.graph
+    return max(g.edges[u, v]["flit_ps"] for u, v in zip(path, path[1:]))
+
+
 def step_alphas(machine, sched, pes: tuple) -> list[int]:
     """alpha (ps) of each step: its slowest transfer's one-flit latency."""
     cache: dict = {}
@@ -117,32 +126,46 @@ def launch_ps(machine, pe: int) -> int:
     return g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"] + machine.issue.cmd_ps(32)
 
 
-def startup_ps(machine, sched, pes: tuple) -> int:
-    """alpha_min (see the module docstring): the longest chain of one-flit transfers any
-    output block depends on, or the issue of one command per active step, whichever is
-    longer; plus the launch."""
+def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
+    """alpha_min (see the module docstring): the longest chain of transfers any output
+    block depends on, each its first flit's latency plus, when ``packet_bytes`` is given,
+    the rest of one packet through the slowest link of its path (a receiver handles a
+    packet once all of it has landed); a transfer also waits for the command that carries
+    it to be issued (a member's first sends, before it has reduced anything, are its own
+    DMA commands; a reduction is its receiver's command of that step), at one command issue
+    per active step; plus the launch."""
     cache: dict = {}
+    cmd = machine.issue.cmd_ps(32)
+    # NOTE: a reduction needs a MATH composite of at least FETCH, compute and STORE (32 + 3 x 8
+    # descriptor bytes; the three as simple commands would cost three issues).
+    reduce_cmd = machine.issue.cmd_ps(32 + 3 * 8)
+    tail = max(0, -(-packet_bytes // machine.flit_bytes) - 1)
     ready = [{b: 0 for b in sched.holds[m]} for m in range(sched.n)]
     busy, reduced = [0] * sched.n, set()
     for step in sched.steps:
-        new = [dict(r) for r in ready]
-        for x in step:
-            key = (pes[x.src], pes[x.dst], x.reduce)
-            if key not in cache:
-                cache[key] = _xfer_alpha(machine, *key)
-            arrive = max(ready[x.src][b] for b in x.blocks) + cache[key]
-            for b in x.blocks:
-                new[x.dst][b] = max(new[x.dst].get(b, 0), arrive) if x.reduce else arrive
         for m in {x.src for x in step} | {x.dst for x in step if x.reduce}:
             busy[m] += 1
         for m in {x.src for x in step if x.reduce} - reduced:
             busy[m] += 1
+        new = [dict(r) for r in ready]
+        for x in step:
+            key = (pes[x.src], pes[x.dst], x.reduce)
+            if key not in cache:
+                cache[key] = _xfer_alpha(machine, *key) + tail * _xfer_beta(machine, *key)
+            start = max(ready[x.src][b] for b in x.blocks)
+            if x.src not in reduced:
+                start = max(start, busy[x.src] * cmd)
+            arrive = start + cache[key]
+            if x.reduce:
+                arrive = max(arrive, (busy[x.dst] - 1) * cmd + reduce_cmd)
+            for b in x.blocks:
+                new[x.dst][b] = max(new[x.dst].get(b, 0), arrive) if x.reduce else arrive
         reduced |= {x.dst for x in step if x.reduce}
         ready = new
     chain = max(ready[m][b] for m in range(sched.n) for b in sched.keeps[m])
     g, info = machine.graph, machine.pes[pes[0]]
     launch = g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"]
-    return launch + max(chain, max(busy) * machine.issue.cmd_ps(32))
+    return launch + max(chain, max(busy) * cmd)
 
 
 def issue_ps(machine, sched, block_bytes: int, packet_bytes: int) -> int:
