@@ -21,8 +21,6 @@ program build, symmetry reduction and simulation), measured once. Nothing is ass
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 
@@ -31,6 +29,7 @@ from tabulate import tabulate
 from kbtorch.ops.attention import attention
 from kbtorch.ops.attention_plan import AttentionTiling
 from kbtorch.topology import load_machine
+from _report import finish
 
 QWEN = dict(b=1, hq=28, hkv=4, d=128)
 PREFILL = (512, 1024, 2048, 4096)
@@ -110,14 +109,7 @@ def main(argv=None) -> int:
     b += [] if args.quick else [run(machine, 1, 16384, False, TURNS)]
     print("\n(b) decode, one token against Lk cached keys\n" + table_b(b), flush=True)
     tg = targets(a, b)
-    print("\ntargets\n" + tabulate([(t["target"], t["measured"], "PASS" if t["pass"] else "FAIL") for t in tg],
-                                   headers=("target", "measured", ""), disable_numparse=True))
-    total = time.perf_counter() - t0
-    print(f"\n{total:.0f} s on {platform.python_implementation()} {platform.python_version()}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"quick": args.quick, "shape": QWEN, "prefill": a, "decode": b, "targets": tg, "wall_s": total,
-                       "python": platform.python_version(), "platform": platform.platform()}, fh, indent=1)
+    finish(tg, t0, args.json, {"quick": args.quick, "shape": QWEN, "prefill": a, "decode": b})
     return 0
 
 

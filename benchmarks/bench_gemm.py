@@ -22,8 +22,6 @@ Nothing is asserted: the "targets" block prints PASS/FAIL with the measured figu
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 
@@ -32,6 +30,7 @@ from tabulate import tabulate
 from kbtorch.ops.gemm import gemm
 from kbtorch.ops.gemm_plan import GemmTiling
 from kbtorch.topology import load_machine
+from _report import finish
 
 TARGET_MAC_PCT = 95.0
 TARGET_WALL_S = 30.0
@@ -159,14 +158,7 @@ def main(argv=None) -> int:
     print(f"\n(c) 4096^3 on {SWEEP_PES} PEs, grid {'x'.join(map(str, SWEEP_GRID))}: simulated vs analytic MAC "
           f"efficiency (gap = (analytic - sim) / analytic)\n" + table_c(c), flush=True)
     tg = targets(a, b, c)
-    print("\ntargets\n" + tabulate([(t["target"], t["measured"], "PASS" if t["pass"] else "FAIL") for t in tg],
-                                   headers=("target", "measured", ""), disable_numparse=True))
-    total = time.perf_counter() - t0
-    print(f"\n{total:.0f} s on {platform.python_implementation()} {platform.python_version()}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"quick": args.quick, "large": a, "gemv": b, "sweep": c, "targets": tg, "wall_s": total,
-                       "python": platform.python_version(), "platform": platform.platform()}, fh, indent=1)
+    finish(tg, t0, args.json, {"quick": args.quick, "large": a, "gemv": b, "sweep": c})
     return 0
 
 

@@ -173,9 +173,9 @@ COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW = ("o_proj", "down_proj")
 
 
-def tensor_parallel(module: nn.Module, mesh=None) -> nn.Module:
-    """Place ``module``'s parameters (already on ``"ahbm"``) for tensor parallelism over
-    ``mesh`` (default: every PE, flat): see the module docstring. Returns ``module``."""
+def place(module: nn.Module, placement_of, mesh=None) -> nn.Module:
+    """Place every parameter of ``module`` (already on ``"ahbm"``) over ``mesh`` (default:
+    every PE, flat) by ``placement_of(leaf module name, parameter name)``. Returns ``module``."""
     import kbtorch
     from kbtorch.tensor.kernels import machine
     n = len(machine().pes)
@@ -183,12 +183,20 @@ def tensor_parallel(module: nn.Module, mesh=None) -> nn.Module:
     for name, sub in module.named_modules():
         leaf = name.rsplit(".", 1)[-1]
         for pname, p in list(sub.named_parameters(recurse=False)):
-            if leaf in COLUMN:
-                placement = kbtorch.Shard(0)
-            elif leaf in ROW and pname == "weight":
-                placement = kbtorch.Shard(1)
-            else:
-                placement = kbtorch.Replicate()
-            placed = kbtorch.distribute_tensor(p.data, mesh, [placement])
+            placed = kbtorch.distribute_tensor(p.data, mesh, [placement_of(leaf, pname)])
             setattr(sub, pname, nn.Parameter(placed, requires_grad=p.requires_grad))
     return module
+
+
+def tensor_parallel(module: nn.Module, mesh=None) -> nn.Module:
+    """Place ``module``'s parameters for tensor parallelism over ``mesh``: see the module
+    docstring. Returns ``module``."""
+    import kbtorch
+
+    def rule(leaf: str, pname: str):
+        if leaf in COLUMN:
+            return kbtorch.Shard(0)
+        if leaf in ROW and pname == "weight":
+            return kbtorch.Shard(1)
+        return kbtorch.Replicate()
+    return place(module, rule, mesh)

@@ -11,7 +11,7 @@ from torch import nn
 
 import kbtorch
 
-from .qwen2 import DecoderLayer, Qwen2Config, RMSNorm, rotary
+from .qwen2 import DecoderLayer, Qwen2Config, RMSNorm, place, rotary
 
 
 def build_layer(cfg: Qwen2Config, dtype, timing_only: bool, check: bool):
@@ -30,14 +30,7 @@ def build_layer(cfg: Qwen2Config, dtype, timing_only: bool, check: bool):
 def replicate(module: nn.Module) -> nn.Module:
     """Place every parameter of ``module`` (on ahbm) replicated on all PEs: each matmul then
     runs as one GEMM over all PEs on its automatic grid (see ``kbtorch/tensor/ops_matmul.py``)."""
-    from kbtorch.tensor.kernels import machine
-    n = len(machine().pes)
-    mesh = kbtorch.Mesh(tuple(range(n)), (n,))
-    for sub in module.modules():
-        for name, p in list(sub.named_parameters(recurse=False)):
-            placed = kbtorch.distribute_tensor(p.data, mesh, [kbtorch.Replicate()])
-            setattr(sub, name, nn.Parameter(placed, requires_grad=p.requires_grad))
-    return module
+    return place(module, lambda leaf, pname: kbtorch.Replicate())
 
 
 def lm_head_ns(cfg: Qwen2Config, batch: int) -> tuple[float, int]:

@@ -14,6 +14,7 @@ Q rows and K/V of its work items) is taken as given, like the GEMM's (see docs/m
 from __future__ import annotations
 
 from functools import lru_cache
+from math import prod
 
 import torch.nn.functional as F
 
@@ -38,27 +39,24 @@ def sdpa(args, kwargs) -> AhbmTensor:
     q, k, v = call["query"], call["key"], call["value"]
     same_device("scaled_dot_product_attention", [q, k, v])
     out = F.scaled_dot_product_attention(*(local(a) for a in args), **{n: local(x) for n, x in kwargs.items()})
-    dtype, _ = dtype_of("scaled_dot_product_attention", local(q))
+    dtype, eb = dtype_of("scaled_dot_product_attention", local(q))
     if call.get("attn_mask") is not None or call.get("dropout_p", 0.0) or q.dim() not in (3, 4):
-        return _fallback(q, k, v, out, dtype)
+        return _fallback(q, k, v, out, dtype, eb)
     lead = (1,) if q.dim() == 3 else tuple(q.shape[:1])
     shape = (*lead, q.shape[-3], k.shape[-3], q.shape[-2], k.shape[-2], q.shape[-1])
     try:
         run = _fused(shape, bool(call.get("is_causal", False)), call.get("scale"), dtype)
     except ValueError:
-        return _fallback(q, k, v, out, dtype)
+        return _fallback(q, k, v, out, dtype, eb)
     record("aten::scaled_dot_product_attention", (q, k, v), f"attention {run.kind}", run.result, run.flops,
            run.plan)
     return wrap(out)
 
 
-def _fallback(q, k, v, out, dtype: str) -> AhbmTensor:
-    _, eb = dtype_of("scaled_dot_product_attention", local(q))
+def _fallback(q, k, v, out, dtype: str, eb: int) -> AhbmTensor:
     *batch, length, e = q.shape
     s, ev = k.shape[-2], v.shape[-1]
-    heads = 1
-    for d in batch:
-        heads *= d
+    heads = prod(batch)
     note = "unfused fallback (explicitly slow)"
     for _ in range(heads):
         timed_mm("sdpa fallback: q @ k^T", (q, k), length, s, e, dtype, note)
