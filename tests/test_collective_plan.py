@@ -55,6 +55,21 @@ def test_verify_every_reduction_and_gather(machines, topo, group, kind, algo):
     verify(sched)
 
 
+@pytest.mark.parametrize("topo,group", [("ahbm", "all"), ("ahbm", "sip"), ("ahbm", "0-3,8-11"), ("torus6", "all")])
+def test_2d_all_reduce_moves_consecutive_blocks(machines, topo, group):
+    """The multi-dimensional all-reduce numbers its blocks in coordinate order, so every
+    transfer's blocks are consecutive (one packet each when they fit): on all 256 AHBM PEs a
+    transfer of the first phase carries 32 blocks."""
+    grid = grid_of(machines[topo], group)
+    sched = schedule("all_reduce", "2d", grid)
+    verify(sched)
+    for step in sched.steps:
+        for x in step:
+            assert x.blocks == tuple(range(x.blocks[0], x.blocks[0] + len(x.blocks)))
+    if group == "all" and topo == "ahbm":
+        assert len(sched.steps[0][0].blocks) == 256 // grid.dims[0]
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("topo,group", VERIFY_GROUPS, ids=[f"{t}-{g}" for t, g in VERIFY_GROUPS])
 def test_verify_broadcast_from_several_roots(machines, topo, group, algo):

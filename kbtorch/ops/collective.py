@@ -23,7 +23,7 @@ from ..sim.simulator import RunResult, Simulator
 from ..topology import load_machine
 from . import collective_model as model
 from .collective_group import make_grid, resolve_group
-from .collective_kernel import CollectiveKernel, packet_size
+from .collective_kernel import CollectiveKernel, largest_xfer_blocks, packet_size
 from .collective_plan import ALGOS, KINDS, OPS, CollectiveError, reference, schedule
 
 DTYPES = {"f16": (torch.float16, 2), "bf16": (torch.bfloat16, 2), "fp32": (torch.float32, 4)}
@@ -127,7 +127,7 @@ def estimates(kind: str, machine, grid, nbytes: int, eb: int, root: int = 0, pac
     out, best = {}, None
     for _, _, algo, sched in sorted(scheds, key=lambda t: t[:2]):
         block = nbytes // sched.blocks
-        packet = packet_bytes or packet_size(block)
+        packet = packet_bytes or packet_size(largest_xfer_blocks(sched) * block)
         if big and best is not None and model.issue_ps(machine, sched, block, packet) >= best:
             continue
         out[algo] = model.alpha_beta_ps(machine, sched, grid.pes, block, packet)
@@ -140,7 +140,9 @@ def _build(kind, algo, machine, grid, nbytes, eb, dtype, op, root, packet_bytes)
     sched = schedule(kind, algo, grid, root)
     kernel = CollectiveKernel(machine, sched, grid, nbytes, eb, dtype, op, packet_bytes)
     programs = kernel.programs()
-    startup = model.startup_ps(machine, sched, grid.pes, kernel.packet_elems * eb)
+    # NOTE: the bound's packet is one piece of one block: a kernel that sent blocks one by one
+    # would not wait for a whole packet of several blocks.
+    startup = model.startup_ps(machine, sched, grid.pes, min(kernel.packet_elems, kernel.block_elems) * eb)
     return sched, kernel, programs, model.resource_ps(machine, programs), startup
 
 

@@ -5,26 +5,33 @@ all-gather or broadcast works in place there) and, where a value must rest betwe
 two ``SCRATCH`` regions used alternately by version. In TCM: a composite staging area and
 ``slots`` receive slots per member that sends reduction data to this one.
 
-Every block is cut into packets of at most ``packet_bytes``; each packet moves on its own,
-so steps pipeline packet by packet. Per packet of a transfer:
+Data moves in *packets* of at most ``packet_bytes``: a block larger than a packet is cut
+into pieces, one packet each; blocks smaller than a packet that a transfer carries side by
+side (consecutive block ids) share one packet, so a step costs one command per packet, not
+per block. Each packet moves on its own, so steps pipeline packet by packet. Per packet of
+a transfer:
 
 - reduce: the sender DMAs its value into a free receive slot of the receiver, with a remote
   semaphore increment of that slot (Maia's send with remote increment). The receiver runs
   one MATH composite: DMA_READ its own value (HBM) -> FETCH own + received -> add/max ->
   STORE -> DMA_WRITE the result. Where the result goes next is decided by looking ahead:
   straight into the next receiver's slot (fused forward), into the next receivers' ``OUT``
-  (fused copy), and into its own ``OUT``/``SCRATCH`` if it is kept or needed later. After
-  the composite the receiver returns a credit over IPCQ; a sender reuses a slot only after
-  the credit for its previous use has arrived.
+  (fused copy), and into its own ``OUT``/``SCRATCH`` if it is kept or needed later. A fused
+  write may carry part of the packet (the blocks that transfer sends on). After the
+  composite the receiver returns a credit over IPCQ; a sender reuses a slot only after the
+  credit for its previous use has arrived.
 - copy: the value is written into the receiver's ``OUT`` (a DMA, or fused into the
   composite that produced it), with a remote increment of the receiver's version semaphore.
 
 Semaphores: ``x{src}.{slot}`` (arrivals in a slot), ``c{dst}`` (credits from a receiver),
-``k{src}`` (slot of that sender consumed), ``v{block}.{packet}`` (versions of a value in HBM).
-Waits on arrivals, credits and versions use absolute thresholds without decrement, so they
-hold whatever engine the matching signal comes from.
+``k{src}`` (slot of that sender consumed), ``v{block}.{piece}`` or ``v{first}-{last}.{piece}``
+(versions of the value of a packet's blocks, counted per name). Waits on arrivals, credits
+and versions use absolute thresholds without decrement, so they hold whatever engine the
+matching signal comes from.
 """
 from __future__ import annotations
+
+from collections import Counter
 
 from ..kernel.api import PEContext
 from ..sim.commands import Loc, Move, Signal, Wait
@@ -39,11 +46,21 @@ MAX_PACKET = 2**20
 TCM_VALUES = 256 * 1024
 
 
-def packet_size(block_bytes: int) -> int:
-    """Default packet: a quarter block, at least 64 KiB and at most 1 MiB (before the TCM
-    limit). NOTE: each packet is one composite of one tile; consecutive composites stream
-    through the MATH engine's stage units, so more packets pipeline as tiles would."""
-    return min(block_bytes, max(64 * 1024, min(MAX_PACKET, block_bytes // 4)))
+def packet_size(xfer_bytes: int) -> int:
+    """Default packet for transfers of up to ``xfer_bytes``: a quarter of that, at least 64
+    KiB and at most 1 MiB (before the TCM limit). NOTE: each packet is one composite of one
+    tile; consecutive composites stream through the MATH engine's stage units, so more
+    packets pipeline as tiles would."""
+    return min(xfer_bytes, max(64 * 1024, min(MAX_PACKET, xfer_bytes // 4)))
+
+
+def largest_xfer_blocks(sched: Schedule) -> int:
+    """The most blocks one transfer of ``sched`` carries."""
+    return max((len(x.blocks) for step in sched.steps for x in step), default=1)
+
+
+class _TooManyWaits(Exception):
+    """A command of the kernel being built would wait on more than two semaphores."""
 
 
 def _align(n: int) -> int:
@@ -67,7 +84,10 @@ class CollectiveKernel:
         self.uses = self._uses()
         self.chan_in = self._channels()
         self.packet_elems = self._packet_elems(packet_bytes)
-        self.pieces = [(k, min(self.packet_elems, self.block_elems - k)) for k in range(0, self.block_elems, self.packet_elems)]
+        piece = min(self.packet_elems, self.block_elems)
+        self.pieces = [(k, min(piece, self.block_elems - k)) for k in range(0, self.block_elems, piece)]
+        self.per_packet = self.packet_elems // self.block_elems if len(self.pieces) == 1 else 1
+        self._packets: dict = {}
         self._layout()
 
     # ---- analysis of the schedule -------------------------------------------------------
@@ -92,19 +112,23 @@ class CollectiveKernel:
         return chan_in
 
     def _packet_elems(self, packet_bytes) -> int:
+        """Elements of the largest packet: whole blocks when a block fits (so small blocks
+        side by side share a packet), else a piece of a block."""
         cap = self.ctx[0].arena.capacity
         chans = max(len(c) for c in self.chan_in) or 1
         fit = (cap - 4096) // (chans * self.slots + 4) // 256 * 256
-        want = packet_bytes or packet_size(self.block_elems * self.eb)
-        elems = max(1, min(want, fit) // self.eb)
+        most = largest_xfer_blocks(self.s) * self.block_elems
+        want = packet_bytes or packet_size(most * self.eb)
         if packet_bytes and packet_bytes > fit:
             raise CollectiveError(f"packet_bytes={packet_bytes}: {chans} receive channels x {self.slots} slots "
                                   f"do not fit the TCM ({cap} bytes); at most {fit}")
-        return min(elems, self.block_elems)
+        elems = max(1, min(want, fit) // self.eb)
+        if elems >= self.block_elems:
+            return min(elems // self.block_elems * self.block_elems, most)
+        return elems
 
     def _layout(self) -> None:
         s, eb = self.s, self.eb
-        self.block_bytes = self.block_elems * eb
         out_bytes = self.nbytes // s.n if s.kind == "reduce_scatter" else self.nbytes
         self.in0 = 0
         self.out0 = _align(self.nbytes) if s.kind in ("all_reduce", "reduce_scatter") else 0
@@ -137,10 +161,39 @@ class CollectiveKernel:
             return Loc(node, self.out0 + (idx * self.block_elems + k) * self.eb)
         return Loc(node, self.scr0 + int(region[-1]) * _align(self.nbytes) + (b * self.block_elems + k) * self.eb)
 
+    def span(self, r: int, region: str, bs: tuple, k: int) -> Loc:
+        """Start of blocks ``bs`` (consecutive ids) of member ``r``'s ``region``: they lie
+        side by side there (checked)."""
+        first, last = self.hbm(r, region, bs[0], k), self.hbm(r, region, bs[-1], k)
+        if last.addr - first.addr != (len(bs) - 1) * self.block_elems * self.eb:
+            raise AssertionError(f"{self.s.algo}: blocks {bs} are not contiguous in {region} of member {r}")
+        return first
+
     def slot(self, src: int, dst: int, use: int) -> tuple[Loc, int]:
         """(TCM address, slot number) of use ``use`` of channel src -> dst."""
         i = self.chan_in[dst][src] * self.slots + use % self.slots
         return Loc(self.m.pes[self.grid.pes[dst]].node("tcm"), self.slot0[dst] + i * self.packet_elems * self.eb), i
+
+    def packets(self, x) -> list:
+        """The block tuples of ``x``'s packets: runs of consecutive block ids inside one
+        aligned group of ``per_packet`` ids (so that a later transfer of part of a packet's
+        blocks finds them made by one command)."""
+        got = self._packets.get(x.blocks)
+        if got is not None:
+            return got
+        out, run = [], [x.blocks[0]]
+        for b in x.blocks[1:]:
+            if b == run[-1] + 1 and b // self.per_packet == run[0] // self.per_packet:
+                run.append(b)
+            else:
+                out.append(tuple(run))
+                run = [b]
+        out.append(tuple(run))
+        self._packets[x.blocks] = out
+        return out
+
+    def packet_of(self, y, b: int) -> tuple:
+        return next(bs for bs in self.packets(y) if b in bs)
 
     # ---- emission -----------------------------------------------------------------------
     def _order(self):
@@ -157,43 +210,87 @@ class CollectiveKernel:
             for k, step in enumerate(self.s.steps):
                 yield r0 // ROUND, k, step, self.pieces[r0:r0 + ROUND]
 
+    def _each(self, step, pieces):
+        """(xfer, blocks of a packet, piece start, piece elements) of a step, in order."""
+        for k0, ne in pieces:
+            for x in step:
+                for bs in self.packets(x):
+                    yield x, bs, k0, ne
+
     def programs(self) -> dict:
-        """``{pe: [commands]}`` of the whole collective."""
+        """``{pe: [commands]}`` of the whole collective. NOTE: a command waits on at most two
+        semaphores; if packets of several blocks would make a composite wait on more (its
+        blocks' values come from different commands), the kernel is built block by block."""
+        try:
+            return self._emit()
+        except _TooManyWaits:
+            if self.per_packet == 1:
+                raise AssertionError(f"{self.s.algo}: a command would wait on more than two semaphores") from None
+            self.per_packet, self._packets = 1, {}
+            for ctx in self.ctx:
+                ctx.commands.clear()
+            return self._emit()
+
+    def _emit(self) -> dict:
         s = self.s
         home = "in" if s.kind in ("all_reduce", "reduce_scatter") else "out"
-        self.where = {(r, b, k0): (home, 0) for r in range(s.n) for b in s.holds[r] for k0, _ in self.pieces}
+        self.where = {(r, b, k0): home for r in range(s.n) for b in s.holds[r] for k0, _ in self.pieces}
+        self.ready: dict = {}
+        self.count: Counter = Counter()
         self.fused: set = set()
+        self.split: dict = {}
         self._use_indices()
         for rnd, k, step, pieces in self._order():
-            for k0, ne in pieces:
-                for x in step:
-                    for b in x.blocks:
-                        if (id(x), b, k0) not in self.fused:
-                            self._send(k, x, b, k0, ne)
-            for k0, ne in pieces:
-                for x in step:
-                    for b in x.blocks:
-                        self._receive((rnd, k), x, b, k0, ne)
+            for x, bs, k0, ne in self._each(step, pieces):
+                if (id(x), bs[0], k0) not in self.fused:
+                    self._send(k, x, bs, k0, ne)
+            for x, bs, k0, ne in self._each(step, pieces):
+                self._receive((rnd, k), x, bs, k0, ne)
         for r in range(s.n):
             for b in s.keeps[r]:
-                if self.where.get((r, b, 0), ("",))[0] != "out":
+                if self.where.get((r, b, 0)) != "out":
                     raise AssertionError(f"{s.algo}: member {r} block {b} did not reach OUT")
         return {ctx.pe: ctx.commands for ctx in self.ctx}
 
     def _use_indices(self) -> None:
         """Number every slot use of every channel in emission order: ``use_of[(id(xfer),
-        block, piece)]`` and ``use_pos[(src, dst)][j]`` = its (round, step)."""
+        first block, piece)]`` and ``use_pos[(src, dst)][j]`` = its (round, step)."""
         self.use_of, self.use_pos = {}, {}
         for rnd, k, step, pieces in self._order():
-            for k0, _ in pieces:
-                for x in step:
-                    if x.reduce:
-                        for b in x.blocks:
-                            pos = self.use_pos.setdefault((x.src, x.dst), [])
-                            self.use_of[(id(x), b, k0)] = len(pos)
-                            pos.append((rnd, k))
+            for x, bs, k0, _ in self._each(step, pieces):
+                if x.reduce:
+                    pos = self.use_pos.setdefault((x.src, x.dst), [])
+                    self.use_of[(id(x), bs[0], k0)] = len(pos)
+                    pos.append((rnd, k))
         self.chan_total = {c: len(v) for c, v in self.use_pos.items()}
 
+    # ---- value versions -----------------------------------------------------------------
+    @staticmethod
+    def _name(bs: tuple, k0: int) -> str:
+        return f"v{bs[0]}.{k0}" if len(bs) == 1 else f"v{bs[0]}-{bs[-1]}.{k0}"
+
+    def _produce(self, r: int, bs: tuple, k0: int, region) -> None:
+        """A new value of ``bs`` at member ``r`` (in ``region``; None: not kept), announced by
+        one signal of the packet's version semaphore."""
+        name = self._name(bs, k0)
+        if region is not None:
+            self.count[(r, name)] += 1
+        for b in bs:
+            self.where[(r, b, k0)] = region or "gone"
+            self.ready[(r, b, k0)] = (name, self.count[(r, name)]) if region else None
+
+    def _version_wait(self, r: int, bs: tuple, k0: int) -> tuple:
+        """Waits for the current value of ``bs`` at ``r`` (none for an input)."""
+        need = dict.fromkeys(self.ready.get((r, b, k0)) for b in bs)
+        return tuple(Wait(name, n, 0) for name, n in (v for v in need if v is not None))
+
+    def _region(self, r: int, bs: tuple, k0: int, what: str) -> str:
+        regions = {self.where.get((r, b, k0), "gone") for b in bs}
+        if len(regions) != 1 or "gone" in regions:
+            raise AssertionError(f"{self.s.algo}: member {r} {what} blocks {bs}, held in {sorted(regions)}")
+        return regions.pop()
+
+    # ---- transfers ----------------------------------------------------------------------
     def _can_fuse(self, y, b: int, k0: int, at: tuple) -> bool:
         """Whether reduce send ``y`` may be fused into a composite at (round, step) ``at``."""
         j = self.use_of[(id(y), b, k0)]
@@ -203,82 +300,130 @@ class CollectiveKernel:
         j = self.use_of[(id(x), b, k0)]
         return (Wait(f"c{x.dst}", j - self.slots + 1, 0),) if j >= self.slots else ()
 
-    def _version_wait(self, r: int, b: int, k0: int):
-        region, ver = self.where[(r, b, k0)]
-        return (Wait(f"v{b}.{k0}", ver, 0),) if ver else ()
-
-    def _target(self, x, b: int, k0: int):
-        """(destination address, remote semaphore) of ``x``'s piece at ``k0`` of block ``b``."""
+    def _target(self, x, bs: tuple, k0: int):
+        """(destination address, remote semaphore) of ``x``'s packet ``bs`` at piece ``k0``."""
         dst_pe = self.grid.pes[x.dst]
         if x.reduce:
-            loc, slot = self.slot(x.src, x.dst, self.use_of[(id(x), b, k0)])
+            loc, slot = self.slot(x.src, x.dst, self.use_of[(id(x), bs[0], k0)])
             return loc, (dst_pe, f"x{x.src}.{slot}")
-        return self.hbm(x.dst, "out", b, k0), (dst_pe, f"v{b}.{k0}")
+        return self.span(x.dst, "out", bs, k0), (dst_pe, self._name(bs, k0))
 
-    def _send(self, k: int, x, b: int, k0: int, ne: int) -> None:
-        """The sender's DMA of one piece of block ``b`` (not fused into a composite)."""
-        region, _ = self.where.get((x.src, b, k0), (None, 0))
-        if region in (None, "gone"):
-            raise AssertionError(f"{self.s.algo} step {k}: member {x.src} has no value of block {b} to send")
-        loc, note = self._target(x, b, k0)
-        waits = (self._credit_wait(x, b, k0) if x.reduce else ()) + self._version_wait(x.src, b, k0)
-        self.ctx[x.src].dma_write(self.hbm(x.src, region, b, k0), loc, ne * self.eb, wait=waits, notify=(note,),
-                                  label=f"s{k} {'red' if x.reduce else 'copy'} b{b}.{k0} to {x.dst}")
+    def _send(self, k: int, x, bs: tuple, k0: int, ne: int) -> None:
+        """The sender's DMA(s) of one packet (not fused into a composite). NOTE: a command
+        waits on at most two semaphores; a copy whose blocks got their values from more
+        producers goes as several DMAs (``split``; its receiver counts versions the same way)."""
+        parts = [bs]
+        if not x.reduce:
+            parts = self._split(x.src, bs, k0)
+            if len(parts) > 1:
+                self.split[(id(x), bs[0], k0)] = parts
+        for part in parts:
+            region = self._region(x.src, part, k0, f"step {k} sends")
+            loc, note = self._target(x, part, k0)
+            waits = (self._credit_wait(x, part[0], k0) if x.reduce else ()) + self._version_wait(x.src, part, k0)
+            if len(waits) > 2:
+                raise _TooManyWaits
+            self.ctx[x.src].dma_write(self.span(x.src, region, part, k0), loc, len(part) * ne * self.eb, wait=waits,
+                                      notify=(note,), label=f"s{k} {'red' if x.reduce else 'copy'} b{part[0]}"
+                                      f"{'' if len(part) == 1 else f'-{part[-1]}'}.{k0} to {x.dst}")
 
-    def _receive(self, at: tuple, x, b: int, k0: int, ne: int) -> None:
-        k = at[1]
+    def _split(self, r: int, bs: tuple, k0: int) -> list:
+        """``bs`` cut into runs whose current values at ``r`` need at most two waits."""
+        parts, seen = [[]], set()
+        for b in bs:
+            v = self.ready.get((r, b, k0))
+            if v is not None and v not in seen and len(seen) == 2:
+                parts.append([])
+                seen = set()
+            if v is not None:
+                seen.add(v)
+            parts[-1].append(b)
+        return [tuple(p) for p in parts]
+
+    def _after(self, r: int, b: int, k: int, x) -> list:
+        later = self.uses[(r, b)]
+        return later[later.index((k, 1, x)) + 1:]
+
+    def _fusable(self, at: tuple, x, bs: tuple, k0: int, versioned: bool):
+        """The sends right after this reduce that its composite writes directly: each is one
+        packet of the sends that immediately follow it for all the packet's blocks (a part of
+        ``bs`` or all of it), at most one of them a reduce. -> (fused [(xfer, blocks)], the
+        fused reduce or None, per block its uses not fused)."""
+        after = {b: self._after(x.dst, b, at[1], x) for b in bs}
+        cands = []
+        for b in bs:
+            for _, role, y in after[b]:
+                if role:
+                    break
+                if all(y is not c for c in cands):
+                    cands.append(y)
+        fused, reduce_fused, taken = [], None, Counter()
+        for y in cands:
+            mine = [p for p in self.packets(y) if set(p) & set(bs)]
+            if len(fused) == MAX_WRITES - 1 or len(mine) != 1 or not set(mine[0]) <= set(bs):
+                break
+            pk = mine[0]
+            if any(taken[b] >= len(after[b]) or after[b][taken[b]][2] is not y for b in pk):
+                break
+            if y.reduce:
+                needs_credit = self.use_of[(id(y), pk[0], k0)] >= self.slots
+                if reduce_fused is not None or (needs_credit and versioned) or not self._can_fuse(y, pk[0], k0, at):
+                    break
+                reduce_fused = (y, pk)
+            fused.append((y, pk))
+            for b in pk:
+                taken[b] += 1
+        return fused, reduce_fused, {b: after[b][taken[b]:] for b in bs}
+
+    def _receive(self, at: tuple, x, bs: tuple, k0: int, ne: int) -> None:
         r = x.dst
         if not x.reduce:
-            _, ver = self.where.get((r, b, k0), ("out", 0))
-            self.where[(r, b, k0)] = ("out", ver + 1)
+            for part in self.split.get((id(x), bs[0], k0), [bs]):
+                self._produce(r, part, k0, "out")
             return
-        if self.where.get((r, b, k0), ("gone",))[0] == "gone":
-            raise AssertionError(f"{self.s.algo} step {k}: member {r} reduces block {b} it does not hold")
-        later = self.uses[(r, b)]
-        later = later[later.index((k, 1, x)) + 1:]
-        own_region, ver = self.where[(r, b, k0)]
-        fused, reduce_fused, i = [], None, 0
-        while i < len(later) and later[i][1] == 0 and len(fused) < MAX_WRITES - 1:
-            y = later[i][2]
-            needs_credit = y.reduce and self.use_of[(id(y), b, k0)] >= self.slots
-            if y.reduce and (reduce_fused is not None or (needs_credit and ver) or not self._can_fuse(y, b, k0, at)):
-                break
-            reduce_fused = y if y.reduce else reduce_fused
-            fused.append(y)
-            i += 1
-        rest = later[i:]
-        final = not any(role == 1 for _, role, _ in later)
-        spare = "tcm" if self.in_tcm else f"scr{(ver + 1) % 2}"
-        store = "out" if final and b in self.s.keeps[r] else (spare if rest else None)
-        self._composite(k, x, b, k0, ne, own_region, ver, fused, reduce_fused, store)
-        for y in fused:
-            self.fused.add((id(y), b, k0))
-        self.where[(r, b, k0)] = (store, ver + 1) if store else ("gone", ver + 1)
+        own_region = self._region(r, bs, k0, f"step {at[1]} reduces")
+        versioned = bool(self._version_wait(r, bs, k0))
+        fused, reduce_fused, rest = self._fusable(at, x, bs, k0, versioned)
+        spare = "tcm" if self.in_tcm else ("scr0" if own_region == "scr1" else "scr1")
+        stores = set()
+        for b in bs:
+            final = not any(role == 1 for _, role, _ in self._after(r, b, at[1], x))
+            stores.add("out" if final and b in self.s.keeps[r] else (spare if rest[b] else None))
+        kept = stores - {None}
+        if len(kept) > 1:
+            raise AssertionError(f"{self.s.algo} step {at[1]}: member {r} must keep blocks {bs} in {sorted(kept)}")
+        store = kept.pop() if kept else None
+        self._composite(at[1], x, bs, k0, ne, own_region, fused, reduce_fused, store)
+        for y, pk in fused:
+            self.fused.add((id(y), pk[0], k0))
+        self._produce(r, bs, k0, store)
 
-    def _composite(self, k, x, b, k0, ne, own_region, ver, fused, reduce_fused, store) -> None:
+    def _composite(self, k, x, bs, k0, ne, own_region, fused, reduce_fused, store) -> None:
         r, src = x.dst, x.src
         ctx = self.ctx[r]
-        j = self.use_of[(id(x), b, k0)]
+        j = self.use_of[(id(x), bs[0], k0)]
         _, slot = self.slot(src, r, j)
-        waits = (Wait(f"x{src}.{slot}", j // self.slots + 1, 0),)
-        waits += self._version_wait(r, b, k0) if ver else (self._credit_wait(reduce_fused, b, k0) if reduce_fused else ())
-        te = ne * self.eb
-        dests, notes = [], []
-        for y in fused:
-            loc, note = self._target(y, b, k0)
-            dests.append(loc)
+        waits = (Wait(f"x{src}.{slot}", j // self.slots + 1, 0),) + self._version_wait(r, bs, k0)
+        waits += self._credit_wait(reduce_fused[0], reduce_fused[1][0], k0) if reduce_fused else ()
+        if len(waits) > 2:
+            raise _TooManyWaits
+        te = len(bs) * ne * self.eb
+        writes, notes = [], []
+        for y, pk in fused:
+            loc, note = self._target(y, pk, k0)
+            writes.append(Move(loc, len(pk) * ne * self.eb, len(pk) * ne * self.eb))
             notes.append(note)
         if store and store != "tcm":
-            dests.append(self.hbm(r, store, b, k0))
+            writes.append(Move(self.span(r, store, bs, k0), te, te))
         signals = []
         if j + self.slots < self.chan_total[(src, r)]:
             signals.append(Signal(f"k{src}"))
         if store:
-            signals.append(Signal(f"v{b}.{k0}"))
+            signals.append(Signal(self._name(bs, k0)))
+        reads = () if own_region == "tcm" else (Move(self.span(r, own_region, bs, k0), te, te),)
         ctx.composite(tiles=1, staging=ctx.arena.buffers[0].at(), engine="math", dtype=self.dtype,
-                      reads=() if own_region == "tcm" else (Move(self.hbm(r, own_region, b, k0), te, te),), fetch_bytes=2 * te,
-                      flops=te // self.eb, store_bytes=te, writes=tuple(Move(d, te, te) for d in dests),
+                      reads=reads, fetch_bytes=2 * te, flops=te // self.eb, store_bytes=te, writes=tuple(writes),
                       wait=waits, signal=tuple(signals), notify=tuple(notes),
-                      label=f"s{k} {self.math_op} b{b}.{k0} from {src}")
+                      label=f"s{k} {self.math_op} b{bs[0]}{'' if len(bs) == 1 else f'-{bs[-1]}'}.{k0} from {src}")
         if signals and signals[0].sem == f"k{src}":
             ctx.send(self.grid.pes[src], f"c{r}", wait=f"k{src}", label=f"credit to {src}")

@@ -171,17 +171,21 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
 def issue_ps(machine, sched, block_bytes: int, packet_bytes: int) -> int:
     """Issue time of the busiest member's commands, counted from the schedule the way the
     kernel issues them: one composite per packet it reduces, one DMA per packet it copies
-    out or sends before having reduced anything (later reduce sends ride in composites)."""
-    packets = max(1, -(-block_bytes // packet_bytes))
+    out or sends before having reduced anything (later reduce sends ride in composites).
+    A packet is a piece of a block, or up to ``packet_bytes // block_bytes`` blocks of one
+    transfer (counted as if a transfer's blocks were always side by side: a floor)."""
+    per = max(1, packet_bytes // block_bytes) if packet_bytes >= block_bytes else 0
+    pieces = max(1, -(-block_bytes // packet_bytes))
+    packets = (lambda nb: -(-nb // per)) if per else (lambda nb: nb * pieces)  # noqa: E731
     count = [0] * sched.n
     reduced = [False] * sched.n
     for step in sched.steps:
         for x in step:
             if not x.reduce or not reduced[x.src]:
-                count[x.src] += len(x.blocks) * packets
+                count[x.src] += packets(len(x.blocks))
         for x in step:
             if x.reduce:
-                count[x.dst] += len(x.blocks) * packets
+                count[x.dst] += packets(len(x.blocks))
                 reduced[x.dst] = True
     return max(count) * machine.issue.cmd_ps(64)
 

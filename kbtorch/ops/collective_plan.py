@@ -170,7 +170,18 @@ def multi_dim(kind: str, grid, root: int) -> tuple[int, list]:
     for rings, part in reversed(sets):
         ag_steps += _merge(*[_ring_ag(list(line), lambda p, line=line: part[line[p]]) for line in sorted(rings)])
     steps = (rs_steps if kind != "all_gather" else []) + (ag_steps if kind != "reduce_scatter" else [])
+    if kind == "all_reduce":
+        steps = _relabel(steps, sorted(range(n), key=lambda b: grid.coords[b]))
     return n, steps
+
+
+def _relabel(steps: list, order: list) -> list:
+    """Blocks renamed so that block ``order[i]`` becomes block ``i``. NOTE: an all-reduce's
+    block ids are free (every member holds and keeps all of them); in coordinate order
+    (innermost dimension most significant) the blocks a member handles along each dimension
+    are consecutive, so the kernel moves them as one packet instead of one per block."""
+    new = {b: i for i, b in enumerate(order)}
+    return [[Xfer(x.src, x.dst, tuple(sorted(new[b] for b in x.blocks)), x.reduce) for x in step] for step in steps]
 
 
 def direct(kind: str, grid, root: int) -> tuple[int, list]:
