@@ -83,9 +83,9 @@ def test_coalescing_beats_block_by_block_and_keeps_the_bound_a_lower_bound(ahbm,
 
 def test_2d_over_the_whole_machine_issues_few_commands_per_step(ahbm):
     """7 KiB over 256 PEs (28 steps): each transfer is one packet (block by block a member
-    issued 256 per phase and the run was issue-bound at 41 us). Measured: at most 39
-    commands; the first send of an all-gather phase forwards blocks that arrived from up
-    to six commands of the phase before, two semaphores per DMA, so it goes as three."""
+    issued 256 per phase and the run was issue-bound at 41 us), and the copies that feed one
+    forwarding packet count on that packet's semaphore. Measured: at most 33 commands (39
+    when each copy had a semaphore of its own and a forward waited on up to six)."""
     k = kernel(ahbm, "all_reduce", "2d", tuple(range(256)), 7 << 10)
     progs = k.programs()
-    assert max(len(c) for c in progs.values()) <= 1.5 * len(k.s.steps)
+    assert max(len(c) for c in progs.values()) <= 1.25 * len(k.s.steps)

@@ -269,20 +269,41 @@ class CollectiveKernel:
     def _name(bs: tuple, k0: int) -> str:
         return f"v{bs[0]}.{k0}" if len(bs) == 1 else f"v{bs[0]}-{bs[-1]}.{k0}"
 
-    def _produce(self, r: int, bs: tuple, k0: int, region) -> None:
+    def _produce(self, r: int, bs: tuple, k0: int, region, name: str | None = None) -> None:
         """A new value of ``bs`` at member ``r`` (in ``region``; None: not kept), announced by
-        one signal of the packet's version semaphore."""
-        name = self._name(bs, k0)
+        one signal of semaphore ``name`` (default: the packet's version semaphore)."""
+        name = name or self._name(bs, k0)
         if region is not None:
             self.count[(r, name)] += 1
         for b in bs:
             self.where[(r, b, k0)] = region or "gone"
             self.ready[(r, b, k0)] = (name, self.count[(r, name)]) if region else None
 
+    def _arrival(self, x, bs: tuple, k0: int) -> str:
+        """The semaphore copy ``x`` of ``bs`` increments at its receiver. NOTE: when every block
+        is next sent on by one packet of the receiver, the copy counts on that packet's own
+        semaphore, which only the copies feeding it increment, so the packet waits once for
+        all of them (an all-gather step forwards what several steps brought) instead of once
+        per producer; otherwise the packet's version semaphore."""
+        names = set()
+        for b in bs:
+            later = self.uses[(x.dst, b)]
+            i = next(i for i, (_, role, y) in enumerate(later) if role == 1 and y is x)
+            if i + 1 == len(later) or later[i + 1][1] != 0:
+                return self._name(bs, k0)
+            k, _, y = later[i + 1]
+            names.add(f"n{k}.{y.dst}.{self.packet_of(y, b)[0]}.{k0}")
+        return names.pop() if len(names) == 1 else self._name(bs, k0)
+
     def _version_wait(self, r: int, bs: tuple, k0: int) -> tuple:
-        """Waits for the current value of ``bs`` at ``r`` (none for an input)."""
-        need = dict.fromkeys(self.ready.get((r, b, k0)) for b in bs)
-        return tuple(Wait(name, n, 0) for name, n in (v for v in need if v is not None))
+        """Waits for the current value of ``bs`` at ``r`` (none for an input): per semaphore,
+        the highest count any of the blocks needs."""
+        need: dict = {}
+        for b in bs:
+            v = self.ready.get((r, b, k0))
+            if v is not None:
+                need[v[0]] = max(need.get(v[0], 0), v[1])
+        return tuple(Wait(name, n, 0) for name, n in need.items())
 
     def _region(self, r: int, bs: tuple, k0: int, what: str) -> str:
         regions = {self.where.get((r, b, k0), "gone") for b in bs}
@@ -306,7 +327,7 @@ class CollectiveKernel:
         if x.reduce:
             loc, slot = self.slot(x.src, x.dst, self.use_of[(id(x), bs[0], k0)])
             return loc, (dst_pe, f"x{x.src}.{slot}")
-        return self.span(x.dst, "out", bs, k0), (dst_pe, self._name(bs, k0))
+        return self.span(x.dst, "out", bs, k0), (dst_pe, self._arrival(x, bs, k0))
 
     def _send(self, k: int, x, bs: tuple, k0: int, ne: int) -> None:
         """The sender's DMA(s) of one packet (not fused into a composite). NOTE: a command
@@ -328,15 +349,15 @@ class CollectiveKernel:
                                       f"{'' if len(part) == 1 else f'-{part[-1]}'}.{k0} to {x.dst}")
 
     def _split(self, r: int, bs: tuple, k0: int) -> list:
-        """``bs`` cut into runs whose current values at ``r`` need at most two waits."""
+        """``bs`` cut into runs whose current values at ``r`` need at most two semaphores."""
         parts, seen = [[]], set()
         for b in bs:
             v = self.ready.get((r, b, k0))
-            if v is not None and v not in seen and len(seen) == 2:
+            if v is not None and v[0] not in seen and len(seen) == 2:
                 parts.append([])
                 seen = set()
             if v is not None:
-                seen.add(v)
+                seen.add(v[0])
             parts[-1].append(b)
         return [tuple(p) for p in parts]
 
@@ -379,7 +400,7 @@ class CollectiveKernel:
         r = x.dst
         if not x.reduce:
             for part in self.split.get((id(x), bs[0], k0), [bs]):
-                self._produce(r, part, k0, "out")
+                self._produce(r, part, k0, "out", self._arrival(x, part, k0))
             return
         own_region = self._region(r, bs, k0, f"step {at[1]} reduces")
         versioned = bool(self._version_wait(r, bs, k0))
