@@ -202,6 +202,14 @@ class Network:
         queue holds one entry per message instead of one per train.
         """
         self.engine.record(msg.corr, msg.path[0], "inject", t, t, f"{msg.what} {msg.n_flits} flits to {msg.path[-1]}")
+        if whole and self.policy.chunk_flits > 1 and len(msg.hops) == 1 and t == self.engine.now:
+            # NOTE: one private link: nothing can interleave, so cross it now (one event, the
+            # completion, instead of two); the same times as the train event would give.
+            msg.pending += 1
+            tr = Train(self.engine.env, None, msg, 0, msg.n_flits, t, t, chain)
+            self._cross(tr)
+            self._arrive(tr)
+            return
         trains = [(0, msg.n_flits)] if whole and self.policy.chunk_flits > 1 else self.chunks(msg.n_flits)
         msg.pending += len(trains)
         msg.backlog = (trains, 1, t, chain) if len(trains) > 1 else None
