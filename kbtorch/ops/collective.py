@@ -23,7 +23,8 @@ from ..sim.simulator import RunResult, Simulator
 from ..topology import load_machine
 from . import collective_model as model
 from .collective_group import make_grid, resolve_group
-from .collective_kernel import CollectiveKernel, largest_xfer_blocks, packet_size
+from .collective_kernel import CollectiveKernel
+from .collective_layout import largest_xfer_blocks, packet_size
 from .collective_plan import ALGOS, KINDS, OPS, CollectiveError, reference, schedule
 
 DTYPES = {"f16": (torch.float16, 2), "bf16": (torch.bfloat16, 2), "fp32": (torch.float32, 4)}

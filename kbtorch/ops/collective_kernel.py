@@ -1,15 +1,8 @@
 """The collective tile kernel: a schedule (``collective_plan``) turned into PE commands.
 
-Buffers (per member, in its PE's HBM slice): ``IN`` (the input), ``OUT`` (the output; an
-all-gather or broadcast works in place there) and, where a value must rest between steps,
-two ``SCRATCH`` regions used alternately by version. In TCM: a composite staging area and
-``slots`` receive slots per member that sends reduction data to this one.
-
-Data moves in *packets* of at most ``packet_bytes``: a block larger than a packet is cut
-into pieces, one packet each; blocks smaller than a packet that a transfer carries side by
-side (consecutive block ids) share one packet, so a step costs one command per packet, not
-per block. Each packet moves on its own, so steps pipeline packet by packet. Per packet of
-a transfer:
+Buffers, packets and addresses are ``collective_layout``'s. Each packet moves on its own, so
+steps pipeline packet by packet; a step costs one command per packet, not per block. Per
+packet of a transfer:
 
 - reduce: the sender DMAs its value into a free receive slot of the receiver, with a remote
   semaphore increment of that slot (Maia's send with remote increment). The receiver runs
@@ -25,7 +18,8 @@ a transfer:
 
 Semaphores: ``x{src}.{slot}`` (arrivals in a slot), ``c{dst}`` (credits from a receiver),
 ``k{src}`` (slot of that sender consumed), ``v{block}.{piece}`` or ``v{first}-{last}.{piece}``
-(versions of the value of a packet's blocks, counted per name). Waits on arrivals, credits
+(versions of the value of a packet's blocks, counted per name), ``n{step}.{dst}.{block}.{piece}``
+(copies feeding the receiver's packet sent at that step; see ``_arrival``). Waits on arrivals, credits
 and versions use absolute thresholds without decrement, so they hold whatever engine the
 matching signal comes from.
 """
@@ -33,167 +27,22 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..kernel.api import PEContext
-from ..sim.commands import Loc, Move, Signal, Wait
-from .collective_plan import CollectiveError, Schedule
+from ..sim.commands import Move, Signal, Wait
+from .collective_layout import ROUND, KernelLayout
 
-ROUND = 4
-SLOTS = 2 * ROUND + 1
 MAX_WRITES = 3
-MAX_PACKET = 2**20
-#: Up to this many bytes per member, values between steps stay in a TCM buffer instead of
-#: HBM scratch (small collectives are latency-bound: no HBM round trip per step).
-TCM_VALUES = 256 * 1024
-
-
-def packet_size(xfer_bytes: int) -> int:
-    """Default packet for transfers of up to ``xfer_bytes``: a quarter of that, at least 64
-    KiB and at most 1 MiB (before the TCM limit). NOTE: each packet is one composite of one
-    tile; consecutive composites stream through the MATH engine's stage units, so more
-    packets pipeline as tiles would."""
-    return min(xfer_bytes, max(64 * 1024, min(MAX_PACKET, xfer_bytes // 4)))
-
-
-def largest_xfer_blocks(sched: Schedule) -> int:
-    """The most blocks one transfer of ``sched`` carries."""
-    return max((len(x.blocks) for step in sched.steps for x in step), default=1)
 
 
 class _TooManyWaits(Exception):
     """A command of the kernel being built would wait on more than two semaphores."""
 
 
-def _align(n: int) -> int:
-    return -(-n // 4096) * 4096
-
-
-class CollectiveKernel:
+class CollectiveKernel(KernelLayout):
     """Builds ``{pe: [commands]}`` for ``sched`` on ``grid`` with ``nbytes`` per member."""
 
-    def __init__(self, machine, sched: Schedule, grid, nbytes: int, elem_bytes: int, dtype: str, op: str,
-                 packet_bytes: int | None = None, slots: int = SLOTS):
-        self.m, self.s, self.grid, self.eb, self.dtype = machine, sched, grid, elem_bytes, dtype
-        self.math_op = {"sum": "add", "max": "max"}[op]
-        self.slots = slots
-        elems = nbytes // elem_bytes
-        if nbytes % elem_bytes or elems % sched.blocks:
-            raise CollectiveError(f"{sched.algo} {sched.kind}: {nbytes} bytes per member ({elems} elements of "
-                                  f"{elem_bytes} bytes) do not split into {sched.blocks} equal blocks")
-        self.nbytes, self.block_elems = nbytes, elems // sched.blocks
-        self.ctx = [PEContext(machine, f"{sched.kind} {sched.algo}", pe, grid.pes) for pe in grid.pes]
-        self.uses = self._uses()
-        self.chan_in = self._channels()
-        self.packet_elems = self._packet_elems(packet_bytes)
-        piece = min(self.packet_elems, self.block_elems)
-        self.pieces = [(k, min(piece, self.block_elems - k)) for k in range(0, self.block_elems, piece)]
-        self.per_packet = self.packet_elems // self.block_elems if len(self.pieces) == 1 else 1
-        self._packets: dict = {}
-        self._layout()
-
-    # ---- analysis of the schedule -------------------------------------------------------
-    def _uses(self) -> dict:
-        """(member, block) -> [(step, role, xfer)] in program order (sends before receives
-        within a step: a send reads the value from before the step)."""
-        uses: dict = {}
-        for k, step in enumerate(self.s.steps):
-            for role in (0, 1):
-                for x in step:
-                    for b in x.blocks:
-                        uses.setdefault((x.src if role == 0 else x.dst, b), []).append((k, role, x))
-        return uses
-
-    def _channels(self) -> list:
-        """Per receiver, its senders of reduction data -> slot channel index."""
-        chan_in = [dict() for _ in range(self.s.n)]
-        for step in self.s.steps:
-            for x in step:
-                if x.reduce:
-                    chan_in[x.dst].setdefault(x.src, len(chan_in[x.dst]))
-        return chan_in
-
-    def _packet_elems(self, packet_bytes) -> int:
-        """Elements of the largest packet: whole blocks when a block fits (so small blocks
-        side by side share a packet), else a piece of a block."""
-        cap = self.ctx[0].arena.capacity
-        chans = max(len(c) for c in self.chan_in) or 1
-        fit = (cap - 4096) // (chans * self.slots + 4) // 256 * 256
-        most = largest_xfer_blocks(self.s) * self.block_elems
-        want = packet_bytes or packet_size(most * self.eb)
-        if packet_bytes and packet_bytes > fit:
-            raise CollectiveError(f"packet_bytes={packet_bytes}: {chans} receive channels x {self.slots} slots "
-                                  f"do not fit the TCM ({cap} bytes); at most {fit}")
-        elems = max(1, min(want, fit) // self.eb)
-        if elems >= self.block_elems:
-            return min(elems // self.block_elems * self.block_elems, most)
-        return elems
-
-    def _layout(self) -> None:
-        s, eb = self.s, self.eb
-        out_bytes = self.nbytes // s.n if s.kind == "reduce_scatter" else self.nbytes
-        self.in0 = 0
-        self.out0 = _align(self.nbytes) if s.kind in ("all_reduce", "reduce_scatter") else 0
-        self.scr0 = self.out0 + _align(out_bytes)
-        hbm = self.m.node(self.m.pes[self.grid.pes[0]].hbm)["params"]
-        need = self.scr0 + 2 * _align(self.nbytes)
-        cap = int(hbm.get("capacity_gib", 0) * 2**30)
-        if cap and need > cap:
-            raise CollectiveError(f"{s.kind}: {self.nbytes} bytes per member need {need} bytes of HBM "
-                                  f"(input, output, 2 scratch); a PE's slice has {cap}")
-        self.in_tcm = self.nbytes <= TCM_VALUES
-        self.slot0, self.val0 = [], []
-        for r, ctx in enumerate(self.ctx):
-            ctx.tcm("staging", 4 * self.packet_elems * eb)
-            if self.chan_in[r]:
-                self.slot0.append(ctx.tcm("receive slots", len(self.chan_in[r]) * self.slots * self.packet_elems * eb).addr)
-            else:
-                self.slot0.append(0)
-            self.val0.append(ctx.tcm("values", self.nbytes).addr if self.in_tcm else 0)
-
-    # ---- addresses ----------------------------------------------------------------------
-    def hbm(self, r: int, region: str, b: int, k: int) -> Loc:
-        node = self.m.pes[self.grid.pes[r]].hbm
-        if region == "in":
-            return Loc(node, self.in0 + (b * self.block_elems + k) * self.eb)
-        if region == "tcm":
-            return Loc(self.m.pes[self.grid.pes[r]].node("tcm"), self.val0[r] + (b * self.block_elems + k) * self.eb)
-        if region == "out":
-            idx = self.s.keeps[r].index(b) if self.s.kind == "reduce_scatter" else b
-            return Loc(node, self.out0 + (idx * self.block_elems + k) * self.eb)
-        return Loc(node, self.scr0 + int(region[-1]) * _align(self.nbytes) + (b * self.block_elems + k) * self.eb)
-
-    def span(self, r: int, region: str, bs: tuple, k: int) -> Loc:
-        """Start of blocks ``bs`` (consecutive ids) of member ``r``'s ``region``: they lie
-        side by side there (checked)."""
-        first, last = self.hbm(r, region, bs[0], k), self.hbm(r, region, bs[-1], k)
-        if last.addr - first.addr != (len(bs) - 1) * self.block_elems * self.eb:
-            raise AssertionError(f"{self.s.algo}: blocks {bs} are not contiguous in {region} of member {r}")
-        return first
-
-    def slot(self, src: int, dst: int, use: int) -> tuple[Loc, int]:
-        """(TCM address, slot number) of use ``use`` of channel src -> dst."""
-        i = self.chan_in[dst][src] * self.slots + use % self.slots
-        return Loc(self.m.pes[self.grid.pes[dst]].node("tcm"), self.slot0[dst] + i * self.packet_elems * self.eb), i
-
-    def packets(self, x) -> list:
-        """The block tuples of ``x``'s packets: runs of consecutive block ids inside one
-        aligned group of ``per_packet`` ids (so that a later transfer of part of a packet's
-        blocks finds them made by one command)."""
-        got = self._packets.get(x.blocks)
-        if got is not None:
-            return got
-        out, run = [], [x.blocks[0]]
-        for b in x.blocks[1:]:
-            if b == run[-1] + 1 and b // self.per_packet == run[0] // self.per_packet:
-                run.append(b)
-            else:
-                out.append(tuple(run))
-                run = [b]
-        out.append(tuple(run))
-        self._packets[x.blocks] = out
-        return out
-
-    def packet_of(self, y, b: int) -> tuple:
-        return next(bs for bs in self.packets(y) if b in bs)
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self._arrivals: dict = {}
 
     # ---- emission -----------------------------------------------------------------------
     def _order(self):
@@ -285,6 +134,12 @@ class CollectiveKernel:
         semaphore, which only the copies feeding it increment, so the packet waits once for
         all of them (an all-gather step forwards what several steps brought) instead of once
         per producer; otherwise the packet's version semaphore."""
+        key = (id(x), bs, k0)
+        if key not in self._arrivals:
+            self._arrivals[key] = self._arrival_name(x, bs, k0)
+        return self._arrivals[key]
+
+    def _arrival_name(self, x, bs: tuple, k0: int) -> str:
         names = set()
         for b in bs:
             later = self.uses[(x.dst, b)]
@@ -362,15 +217,17 @@ class CollectiveKernel:
         return [tuple(p) for p in parts]
 
     def _after(self, r: int, b: int, k: int, x) -> list:
+        """The uses of block ``b`` at member ``r`` after its receive of ``x`` at step ``k``."""
         later = self.uses[(r, b)]
-        return later[later.index((k, 1, x)) + 1:]
+        i = next(i for i, (kk, role, y) in enumerate(later) if y is x and role == 1 and kk == k)
+        return later[i + 1:]
 
-    def _fusable(self, at: tuple, x, bs: tuple, k0: int, versioned: bool):
+    def _fusable(self, at: tuple, x, bs: tuple, k0: int, versioned: bool, after: dict):
         """The sends right after this reduce that its composite writes directly: each is one
         packet of the sends that immediately follow it for all the packet's blocks (a part of
-        ``bs`` or all of it), at most one of them a reduce. -> (fused [(xfer, blocks)], the
-        fused reduce or None, per block its uses not fused)."""
-        after = {b: self._after(x.dst, b, at[1], x) for b in bs}
+        ``bs`` or all of it), at most one of them a reduce; ``after``: per block its uses after
+        this receive. -> (fused [(xfer, blocks)], the fused reduce or None, per block its uses
+        not fused)."""
         cands = []
         for b in bs:
             for _, role, y in after[b]:
@@ -404,11 +261,12 @@ class CollectiveKernel:
             return
         own_region = self._region(r, bs, k0, f"step {at[1]} reduces")
         versioned = bool(self._version_wait(r, bs, k0))
-        fused, reduce_fused, rest = self._fusable(at, x, bs, k0, versioned)
+        after = {b: self._after(r, b, at[1], x) for b in bs}
+        fused, reduce_fused, rest = self._fusable(at, x, bs, k0, versioned, after)
         spare = "tcm" if self.in_tcm else ("scr0" if own_region == "scr1" else "scr1")
         stores = set()
         for b in bs:
-            final = not any(role == 1 for _, role, _ in self._after(r, b, at[1], x))
+            final = not any(role == 1 for _, role, _ in after[b])
             stores.add("out" if final and b in self.s.keeps[r] else (spare if rest[b] else None))
         kept = stores - {None}
         if len(kept) > 1:

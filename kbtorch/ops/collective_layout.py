@@ -1,0 +1,173 @@
+"""Buffers, packets and addresses of the collective tile kernel (``collective_kernel``).
+
+Buffers (per member, in its PE's HBM slice): ``IN`` (the input), ``OUT`` (the output; an
+all-gather or broadcast works in place there) and, where a value must rest between steps,
+two ``SCRATCH`` regions used alternately by version; up to ``TCM_VALUES`` bytes per member
+the values between steps stay in a TCM buffer instead. In TCM also: a composite staging
+area and ``slots`` receive slots per member that sends reduction data to this one.
+
+Data moves in *packets* of at most ``packet_elems`` elements: a block larger than a packet
+is cut into pieces, one packet each; blocks smaller than a packet that a transfer carries
+side by side (consecutive block ids inside an aligned group) share one packet.
+"""
+from __future__ import annotations
+
+from ..kernel.api import PEContext
+from ..sim.commands import Loc
+from .collective_plan import CollectiveError, Schedule
+
+ROUND = 4
+SLOTS = 2 * ROUND + 1
+MAX_PACKET = 2**20
+#: Up to this many bytes per member, values between steps stay in a TCM buffer instead of
+#: HBM scratch (small collectives are latency-bound: no HBM round trip per step).
+TCM_VALUES = 256 * 1024
+
+
+def packet_size(xfer_bytes: int) -> int:
+    """Default packet for transfers of up to ``xfer_bytes``: a quarter of that, at least 64
+    KiB and at most 1 MiB (before the TCM limit). NOTE: each packet is one composite of one
+    tile; consecutive composites stream through the MATH engine's stage units, so more
+    packets pipeline as tiles would."""
+    return min(xfer_bytes, max(64 * 1024, min(MAX_PACKET, xfer_bytes // 4)))
+
+
+def largest_xfer_blocks(sched: Schedule) -> int:
+    """The most blocks one transfer of ``sched`` carries."""
+    return max((len(x.blocks) for step in sched.steps for x in step), default=1)
+
+def _align(n: int) -> int:
+    return -(-n // 4096) * 4096
+
+class KernelLayout:
+    """The schedule analysis, buffers and addresses of a collective kernel: ``sched`` on
+    ``grid`` with ``nbytes`` per member."""
+
+    def __init__(self, machine, sched: Schedule, grid, nbytes: int, elem_bytes: int, dtype: str, op: str,
+                 packet_bytes: int | None = None, slots: int = SLOTS):
+        self.m, self.s, self.grid, self.eb, self.dtype = machine, sched, grid, elem_bytes, dtype
+        self.math_op = {"sum": "add", "max": "max"}[op]
+        self.slots = slots
+        elems = nbytes // elem_bytes
+        if nbytes % elem_bytes or elems % sched.blocks:
+            raise CollectiveError(f"{sched.algo} {sched.kind}: {nbytes} bytes per member ({elems} elements of "
+                                  f"{elem_bytes} bytes) do not split into {sched.blocks} equal blocks")
+        self.nbytes, self.block_elems = nbytes, elems // sched.blocks
+        self.ctx = [PEContext(machine, f"{sched.kind} {sched.algo}", pe, grid.pes) for pe in grid.pes]
+        self.hbm_of = [machine.pes[pe].hbm for pe in grid.pes]
+        self.tcm_of = [machine.pes[pe].node("tcm") for pe in grid.pes]
+        self.uses = self._uses()
+        self.chan_in = self._channels()
+        self.packet_elems = self._packet_elems(packet_bytes)
+        piece = min(self.packet_elems, self.block_elems)
+        self.pieces = [(k, min(piece, self.block_elems - k)) for k in range(0, self.block_elems, piece)]
+        self.per_packet = self.packet_elems // self.block_elems if len(self.pieces) == 1 else 1
+        self._packets: dict = {}
+        self._layout()
+
+    # ---- analysis of the schedule -------------------------------------------------------
+    def _uses(self) -> dict:
+        """(member, block) -> [(step, role, xfer)] in program order (sends before receives
+        within a step: a send reads the value from before the step)."""
+        uses: dict = {}
+        for k, step in enumerate(self.s.steps):
+            for role in (0, 1):
+                for x in step:
+                    for b in x.blocks:
+                        uses.setdefault((x.src if role == 0 else x.dst, b), []).append((k, role, x))
+        return uses
+
+    def _channels(self) -> list:
+        """Per receiver, its senders of reduction data -> slot channel index."""
+        chan_in = [dict() for _ in range(self.s.n)]
+        for step in self.s.steps:
+            for x in step:
+                if x.reduce:
+                    chan_in[x.dst].setdefault(x.src, len(chan_in[x.dst]))
+        return chan_in
+
+    def _packet_elems(self, packet_bytes) -> int:
+        """Elements of the largest packet: whole blocks when a block fits (so small blocks
+        side by side share a packet), else a piece of a block."""
+        cap = self.ctx[0].arena.capacity
+        chans = max(len(c) for c in self.chan_in) or 1
+        fit = (cap - 4096) // (chans * self.slots + 4) // 256 * 256
+        most = largest_xfer_blocks(self.s) * self.block_elems
+        want = packet_bytes or packet_size(most * self.eb)
+        if packet_bytes and packet_bytes > fit:
+            raise CollectiveError(f"packet_bytes={packet_bytes}: {chans} receive channels x {self.slots} slots "
+                                  f"do not fit the TCM ({cap} bytes); at most {fit}")
+        elems = max(1, min(want, fit) // self.eb)
+        if elems >= self.block_elems:
+            return min(elems // self.block_elems * self.block_elems, most)
+        return elems
+
+    def _layout(self) -> None:
+        s, eb = self.s, self.eb
+        out_bytes = self.nbytes // s.n if s.kind == "reduce_scatter" else self.nbytes
+        self.in0 = 0
+        self.out0 = _align(self.nbytes) if s.kind in ("all_reduce", "reduce_scatter") else 0
+        self.scr0 = self.out0 + _align(out_bytes)
+        hbm = self.m.node(self.m.pes[self.grid.pes[0]].hbm)["params"]
+        need = self.scr0 + 2 * _align(self.nbytes)
+        cap = int(hbm.get("capacity_gib", 0) * 2**30)
+        if cap and need > cap:
+            raise CollectiveError(f"{s.kind}: {self.nbytes} bytes per member need {need} bytes of HBM "
+                                  f"(input, output, 2 scratch); a PE's slice has {cap}")
+        self.in_tcm = self.nbytes <= TCM_VALUES
+        self.slot0, self.val0 = [], []
+        for r, ctx in enumerate(self.ctx):
+            ctx.tcm("staging", 4 * self.packet_elems * eb)
+            if self.chan_in[r]:
+                self.slot0.append(ctx.tcm("receive slots", len(self.chan_in[r]) * self.slots * self.packet_elems * eb).addr)
+            else:
+                self.slot0.append(0)
+            self.val0.append(ctx.tcm("values", self.nbytes).addr if self.in_tcm else 0)
+
+    # ---- addresses ----------------------------------------------------------------------
+    def hbm(self, r: int, region: str, b: int, k: int) -> Loc:
+        off = (b * self.block_elems + k) * self.eb
+        if region == "in":
+            return Loc(self.hbm_of[r], self.in0 + off)
+        if region == "tcm":
+            return Loc(self.tcm_of[r], self.val0[r] + off)
+        if region == "out":
+            idx = self.s.keeps[r].index(b) if self.s.kind == "reduce_scatter" else b
+            return Loc(self.hbm_of[r], self.out0 + (idx * self.block_elems + k) * self.eb)
+        return Loc(self.hbm_of[r], self.scr0 + int(region[-1]) * _align(self.nbytes) + off)
+
+    def span(self, r: int, region: str, bs: tuple, k: int) -> Loc:
+        """Start of blocks ``bs`` (consecutive ids) of member ``r``'s ``region``: they lie
+        side by side there (checked)."""
+        if len(bs) == 1:
+            return self.hbm(r, region, bs[0], k)
+        first, last = self.hbm(r, region, bs[0], k), self.hbm(r, region, bs[-1], k)
+        if last.addr - first.addr != (len(bs) - 1) * self.block_elems * self.eb:
+            raise AssertionError(f"{self.s.algo}: blocks {bs} are not contiguous in {region} of member {r}")
+        return first
+
+    def slot(self, src: int, dst: int, use: int) -> tuple[Loc, int]:
+        """(TCM address, slot number) of use ``use`` of channel src -> dst."""
+        i = self.chan_in[dst][src] * self.slots + use % self.slots
+        return Loc(self.tcm_of[dst], self.slot0[dst] + i * self.packet_elems * self.eb), i
+
+    def packets(self, x) -> list:
+        """The block tuples of ``x``'s packets: runs of consecutive block ids inside one
+        aligned group of ``per_packet`` ids (so that a later transfer of part of a packet's
+        blocks finds them made by one command)."""
+        got = self._packets.get(x.blocks)
+        if got is not None:
+            return got
+        out, run = [], [x.blocks[0]]
+        for b in x.blocks[1:]:
+            if b == run[-1] + 1 and b // self.per_packet == run[0] // self.per_packet:
+                run.append(b)
+            else:
+                out.append(tuple(run))
+                run = [b]
+        out.append(tuple(run))
+        self._packets[x.blocks] = out
+        return out
+
+    def packet_of(self, y, b: int) -> tuple:
+        return next(bs for bs in self.packets(y) if b in bs)
