@@ -105,7 +105,8 @@ def mesh_vs_torus(nbytes: int) -> list[dict]:
     for topo in ("ahbm", "ahbm_torus"):
         for algo in ("ring", "2d"):
             run = collective("all_reduce", group="sip", algo=algo, nbytes=nbytes, topology=topo)
-            out.append({"topology": topo, "algo": algo, "latency_ns": run.latency_ns, "busbw_gbps": run.busbw_gbps})
+            out.append({"topology": topo, "algo": algo, "bytes": nbytes, "latency_ns": run.latency_ns,
+                        "busbw_gbps": run.busbw_gbps})
     return out
 
 
@@ -131,13 +132,14 @@ def main(argv=None) -> int:
                 print(f"alpha-beta shape: sim/analytic {ab['small']['sim_over_analytic']:.2f} at "
                       f"{_size(ab['small']['bytes'])}, {ab['large']['sim_over_analytic']:.2f} at "
                       f"{_size(ab['large']['bytes'])} -> {'follows' if ab['follows_alpha_beta'] else 'DOES NOT follow'}")
-    report["mesh_vs_torus"] = mesh_vs_torus(min(args.max_bytes or 2**22, 2**22))
+    mesh_bytes = min(args.max_bytes or 2**22, 2**22)
+    report["mesh_vs_torus"] = mesh_vs_torus(mesh_bytes)
     report["wall_s"] = time.perf_counter() - t0
     if args.json:
         json.dump(report, sys.stdout, indent=1)
         print()
     else:
-        print("\n== AHBM SIP, 4 MiB per member: 2D mesh vs 2D torus ==")
+        print(f"\n== AHBM SIP, {_size(mesh_bytes)} per member: 2D mesh vs 2D torus ==")
         print(tabulate([[r["topology"], r["algo"], f"{r['latency_ns'] / 1000:.2f}", f"{r['busbw_gbps']:.1f}"]
                         for r in report["mesh_vs_torus"]], headers=["topology", "algo", "latency us", "busbw GB/s"]))
         print(f"\nwall {report['wall_s']:.1f} s")
