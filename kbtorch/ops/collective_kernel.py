@@ -142,11 +142,10 @@ class CollectiveKernel(KernelLayout):
     def _arrival_name(self, x, bs: tuple, k0: int) -> str:
         names = set()
         for b in bs:
-            later = self.uses[(x.dst, b)]
-            i = next(i for i, (_, role, y) in enumerate(later) if role == 1 and y is x)
-            if i + 1 == len(later) or later[i + 1][1] != 0:
+            later = self._after(b, x)
+            if not later or later[0][1] != 0:
                 return self._name(bs, k0)
-            k, _, y = later[i + 1]
+            k, _, y = later[0]
             names.add(f"n{k}.{y.dst}.{self.packet_of(y, b)[0]}.{k0}")
         return names.pop() if len(names) == 1 else self._name(bs, k0)
 
@@ -216,10 +215,11 @@ class CollectiveKernel(KernelLayout):
             parts[-1].append(b)
         return [tuple(p) for p in parts]
 
-    def _after(self, r: int, b: int, k: int, x) -> list:
-        """The uses of block ``b`` at member ``r`` after its receive of ``x`` at step ``k``."""
-        later = self.uses[(r, b)]
-        i = next(i for i, (kk, role, y) in enumerate(later) if y is x and role == 1 and kk == k)
+    def _after(self, b: int, x) -> list:
+        """The uses of block ``b`` at ``x``'s receiver after it receives ``x`` (each transfer
+        of a schedule is its own object)."""
+        later = self.uses[(x.dst, b)]
+        i = next(i for i, (_, role, y) in enumerate(later) if role == 1 and y is x)
         return later[i + 1:]
 
     def _fusable(self, at: tuple, x, bs: tuple, k0: int, versioned: bool, after: dict):
@@ -261,7 +261,7 @@ class CollectiveKernel(KernelLayout):
             return
         own_region = self._region(r, bs, k0, f"step {at[1]} reduces")
         versioned = bool(self._version_wait(r, bs, k0))
-        after = {b: self._after(r, b, at[1], x) for b in bs}
+        after = {b: self._after(b, x) for b in bs}
         fused, reduce_fused, rest = self._fusable(at, x, bs, k0, versioned, after)
         spare = "tcm" if self.in_tcm else ("scr0" if own_region == "scr1" else "scr1")
         stores = set()
