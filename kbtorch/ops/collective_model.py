@@ -174,9 +174,11 @@ def issue_ps(machine, sched, block_bytes: int, packet_bytes: int) -> int:
     out or sends before having reduced anything (later reduce sends ride in composites).
     A packet is a piece of a block, or up to ``packet_bytes // block_bytes`` blocks of one
     transfer (counted as if a transfer's blocks were always side by side: a floor)."""
-    per = max(1, packet_bytes // block_bytes) if packet_bytes >= block_bytes else 0
-    pieces = max(1, -(-block_bytes // packet_bytes))
-    packets = (lambda nb: -(-nb // per)) if per else (lambda nb: nb * pieces)  # noqa: E731
+    def packets(nb: int) -> int:
+        if packet_bytes >= block_bytes:
+            return -(-nb // (packet_bytes // block_bytes))
+        return nb * -(-block_bytes // packet_bytes)
+
     count = [0] * sched.n
     reduced = [False] * sched.n
     for step in sched.steps:
