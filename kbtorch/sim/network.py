@@ -190,6 +190,19 @@ class Network:
         msg.pending += 1
         self.engine.schedule(head, Train(self.engine.env, self._hop_cb, msg, first, n, head, tail, chain), EDGE)
 
+    def _book(self, msg: Message, first: int, n: int, head: int, tail: int, chain) -> None:
+        """Reservation mode, a message of one train: commit its whole path now, without a
+        train event. A message that needs no memory at its end is delivered now too (one
+        event: its completion); NOTE: a memory's channels are committed in time order, so
+        a train into one still arrives as an event."""
+        msg.pending += 1
+        tr = Train(self.engine.env, None, msg, first, n, head, tail, chain)
+        if msg.deliver is arrive:
+            self._reserve(tr, schedule=False)
+            self._arrive(tr)
+        else:
+            self._reserve(tr)
+
     def send(self, msg: Message, t: int, chain, whole: bool = False) -> None:
         """Inject all of ``msg`` at time ``t``: every flit is ready at the source.
 
@@ -211,6 +224,9 @@ class Network:
             self._arrive(tr)
             return
         trains = [(0, msg.n_flits)] if whole and self.policy.chunk_flits > 1 else self.chunks(msg.n_flits)
+        if self.policy.reserve and len(trains) == 1 and t == self.engine.now:
+            self._book(msg, 0, msg.n_flits, t, t, chain)
+            return
         msg.pending += len(trains)
         msg.backlog = (trains, 1, t, chain) if len(trains) > 1 else None
         first, n = trains[0]
@@ -233,7 +249,7 @@ class Network:
             return
         self._arrive(tr)
 
-    def _reserve(self, tr: Train) -> None:
+    def _reserve(self, tr: Train, schedule: bool = True) -> None:
         """Reservation mode: cross every link of the path now, then arrive in one event.
 
         NOTE: the links downstream are committed ahead of time (their calendars take the
@@ -245,6 +261,8 @@ class Network:
             if tr.hop + 1 == hops:
                 break
             tr.hop += 1
+        if not schedule:
+            return
         tr.callbacks = self._arrive_cb
         eng = self.engine
         heappush(eng._queue, (tr.head, EDGE, next(eng._eid), tr))

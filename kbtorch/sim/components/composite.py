@@ -88,8 +88,13 @@ class CompositeRun:
     def hand_over(self) -> None:
         """Let the engine queue start the next command early if it is a composite and this
         run's first stage has taken all its tiles (called then, and when a command arrives)."""
-        if self.released or self.handoff is None or not self.q.queue:
+        if self.released or self.handoff is None:
             return
+        if not self.q.queue:
+            self.q._pull()
+            if not self.q.queue:
+                self.q.expect()
+                return
         if isinstance(self.q.queue[0].cmd, type(self.cmd)):
             self.released = True
             self.q.release(*self.handoff)

@@ -32,11 +32,20 @@ class Pending:
 
 
 class EngineQueue:
-    """One engine of one PE: an in-order queue and a serial worker."""
+    """One engine of one PE: an in-order queue and a serial worker.
+
+    NOTE: commands the CP has issued wait in ``incoming`` with their arrival times and join
+    ``queue`` when the engine looks at it (``_pull``); an event marks an arrival only when
+    something waits for it (an idle engine, or a composite ready to hand over), so a busy
+    engine's arrivals cost no events. Start times and attribution are as if each command
+    arrived by its own event.
+    """
 
     def __init__(self, pe: "PEModel", role: str):
         self.pe, self.role, self.node = pe, role, pe.info.node(role)
         self.queue: deque = deque()
+        self.incoming: deque = deque()
+        self.wake_t = -1
         self.busy = False
         self.free_t, self.free_chain = 0, None
         self.started = 0
@@ -45,15 +54,32 @@ class EngineQueue:
         self.done = 0
         self.spans: list | None = [] if pe.sim.timeline_pe == pe.info.id else None
 
-    def arrive(self, p: Pending) -> None:
-        self.queue.append(p)
+    def _pull(self) -> None:
+        """Move the commands that have arrived by now into the queue."""
+        inc, now = self.incoming, self.pe.sim.engine.now
+        while inc and inc[0].t <= now:
+            self.queue.append(inc.popleft())
+
+    def expect(self) -> None:
+        """Wake this queue when its next command arrives (something is waiting for it)."""
+        if self.incoming and self.wake_t < self.incoming[0].t:
+            self.wake_t = self.incoming[0].t
+            self.pe.sim.engine.at(self.wake_t, self.wake)
+
+    def wake(self) -> None:
+        self._pull()
         run = self.pe.composites.get(self.role)
         if self.busy and run is not None:
             run.hand_over()
         self.try_start()
 
     def try_start(self) -> None:
-        if self.busy or not self.queue:
+        if self.busy:
+            return
+        if self.incoming:
+            self._pull()
+        if not self.queue:
+            self.expect()
             return
         p = self.queue[0]
         sems = self.pe.sems
@@ -123,7 +149,9 @@ class PEModel:
             corr = eng.new_corr()
             enq_chain = (sched, "fixed", sched_ps, chain) if sched_ps else chain
             eng.record(corr, cp, "issue", t - d, t, f"#{i} {cmd.describe()}")
-            eng.at(t + sched_ps, q.arrive, Pending(cmd, corr, i, t + sched_ps, enq_chain))
+            q.incoming.append(Pending(cmd, corr, i, t + sched_ps, enq_chain))
+        for role in sorted(self.engines):
+            self.engines[role].expect()
 
     def wait_on(self, sem: str, q: EngineQueue) -> None:
         lst = self.waiters.setdefault(sem, [])
@@ -211,7 +239,7 @@ class PEModel:
                 p = q.current
                 out.append(f"PE {self.info.id} {role} command #{p.index} '{p.cmd.describe()}' (corr {p.corr}): "
                            f"started at {q.started / 1000:.3f} ns and never completed")
-            for p in q.queue:
+            for p in (*q.queue, *q.incoming):
                 need = ", ".join(f"'{w.sem}' >= {w.threshold} (is {self.sems.get(w.sem, 0)})" for w in p.cmd.waits)
                 why = f"waits on {need}" if need and p is q.queue[0] and not q.busy else "queued behind it"
                 out.append(f"PE {self.info.id} {role} command #{p.index} '{p.cmd.describe()}' (corr {p.corr}): {why}")
