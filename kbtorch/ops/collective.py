@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..sim.engine import paused_gc
 from ..sim.network import MODES
 from ..sim.simulator import RunResult, Simulator
 from ..topology import load_machine
@@ -151,6 +152,11 @@ def collective(kind: str, shards=None, *, group="all", algo: str = "auto", op: s
                nbytes: int | None = None, dtype: str = "f16", topology="ahbm", packet_bytes: int | None = None,
                mode: str = "auto") -> CollectiveRun:
     """Run collective ``kind`` on the simulator (and on ``shards`` with torch, if given)."""
+    with paused_gc():
+        return _collective(kind, shards, group, algo, op, root, nbytes, dtype, topology, packet_bytes, mode)
+
+
+def _collective(kind, shards, group, algo, op, root, nbytes, dtype, topology, packet_bytes, mode) -> CollectiveRun:
     if kind not in KINDS:
         raise CollectiveError(f"unknown collective '{kind}' (known: {', '.join(KINDS)})")
     if op not in OPS:

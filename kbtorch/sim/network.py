@@ -197,11 +197,7 @@ class Network:
         a train into one still arrives as an event."""
         msg.pending += 1
         tr = Train(self.engine.env, None, msg, first, n, head, tail, chain)
-        if msg.deliver is arrive:
-            self._reserve(tr, schedule=False)
-            self._arrive(tr)
-        else:
-            self._reserve(tr)
+        self._reserve(tr)
 
     def send(self, msg: Message, t: int, chain, whole: bool = False) -> None:
         """Inject all of ``msg`` at time ``t``: every flit is ready at the source.
@@ -249,19 +245,34 @@ class Network:
             return
         self._arrive(tr)
 
-    def _reserve(self, tr: Train, schedule: bool = True) -> None:
+    def _reserve(self, tr: Train) -> None:
         """Reservation mode: cross every link of the path now, then arrive in one event.
 
         NOTE: the links downstream are committed ahead of time (their calendars take the
         train in the order trains are sent, not the order they reach the link), which
         costs one event per train instead of one per hop."""
-        hops = len(tr.msg.hops)
-        while True:
-            self._cross(tr)
-            if tr.hop + 1 == hops:
-                break
-            tr.hop += 1
-        if not schedule:
+        msg, eng = tr.msg, self.engine
+        now, trace = eng.env._now, eng.trace is not None
+        n, head, tail, chain = tr.n, tr.head, tr.tail, tr.chain
+        for j, hop in enumerate(msg.hops):
+            link = hop.link
+            ser, ts = link.flit_ps, link.ts
+            if not ts or ts[-1] <= head:
+                head_out, tail_out = _append(ts, link.us, head, tail, n, ser, now)
+            else:
+                head_out, tail_out = _shared(link, head, tail, n, ser, now)
+            if tail_out > tail + ser:
+                chain = (link.key, "queue" if link.last_corr != msg.corr else "link", tail_out - tail - ser, chain)
+            link.last_corr = msg.corr
+            link.flits += n
+            if trace:
+                eng.record(msg.corr, link.key, "hop", head, tail_out, f"flits {tr.first}+{n}")
+            if j == 0:
+                self._left(msg, tr.first + n, tail_out, (link.key, "link", ser, chain))
+            head, tail, chain = head_out + hop.delay, tail_out + hop.delay, (hop, "hop", hop.total, chain)
+        tr.hop, tr.head, tr.tail, tr.chain = len(msg.hops) - 1, head, tail, chain
+        if msg.deliver is arrive:
+            self._arrive(tr)
             return
         tr.callbacks = self._arrive_cb
         eng = self.engine
@@ -291,11 +302,16 @@ class Network:
         if eng.trace is not None:
             eng.record(msg.corr, link.key, "hop", head, tail_out, f"flits {tr.first}+{n}")
         if j == 0:
-            if msg.backlog is not None:
-                self._next_train(msg)
-            elif tr.first + n == msg.n_flits and msg.on_sent is not None:
-                eng.at(tail_out, msg.on_sent, tail_out, (link.key, "link", ser, chain))
+            self._left(msg, tr.first + n, tail_out, (link.key, "link", ser, chain))
         tr.head, tr.tail, tr.chain = head_out + hop.delay, tail_out + hop.delay, (hop, "hop", hop.total, chain)
+
+    def _left(self, msg: Message, end: int, t: int, chain) -> None:
+        """A train's flits up to ``end`` have left the first link by ``t``: send the next
+        train, or tell the sender it is free once the last flit has left."""
+        if msg.backlog is not None:
+            self._next_train(msg)
+        elif end == msg.n_flits and msg.on_sent is not None:
+            self.engine.at(t, msg.on_sent, t, chain)
 
     def _arrive(self, tr: Train) -> None:
         """``tr`` has reached the last node of its path: deliver it there."""

@@ -76,12 +76,10 @@ class DmaModel:
         dst_mem = self.sim.memory(move.dst.node)
 
         def deliver(tr):
-            if dst_mem is None:
-                return arrive(tr)
             return dst_mem.write(tr, move.dst.addr, move.dst_stride or dst_mem.burst_bytes)
 
         own = move.src.node == own_tcm
-        data = net.message(path, net.flits(move.nbytes), deliver, on_done, on_sent if own else None, what=what)
+        data = net.message(path, net.flits(move.nbytes), arrive if dst_mem is None else deliver, on_done, on_sent if own else None, what=what)
         if own:
             net.send(data, t, chain)
             return
