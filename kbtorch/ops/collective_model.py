@@ -35,31 +35,39 @@ def _path_load(machine, loads: Counter, path: tuple, flits: int) -> None:
 
 def resource_ps(machine, programs: dict) -> Counter:
     """Busy picoseconds per resource (link tuples, memory and engine node names, ``cp PE``)."""
-    pairs: Counter = Counter()
+    pairs: Counter = Counter()     # (src memory, dst memory) -> flits moved by DMA
+    local: Counter = Counter()     # an engine's TCM link -> flits fetched or stored
     busy: Counter = Counter()
     fb = machine.flit_bytes
     flits = lambda n: max(1, -(-n // fb))  # noqa: E731
+    issue = _memo(machine.issue.cmd_ps)
+    compute = _memo(lambda eng, flops, dtype: _compute_ps(machine, eng, flops, dtype))
     for pe, cmds in programs.items():
         info = machine.pes[pe]
         tcm = info.node("tcm")
+        cp = f"cp PE {pe}"
         for c in cmds:
-            busy[f"cp PE {pe}"] += machine.issue.cmd_ps(c.desc_bytes)
+            busy[cp] += issue(c.desc_bytes)
             if isinstance(c, Dma):
                 pairs[(c.src.node, c.dst.node)] += flits(c.nbytes)
             elif isinstance(c, Composite):
                 for mv in c.reads:
                     pairs[(mv.loc.node, tcm)] += c.tiles * flits(mv.nbytes)
-                writes = sum(1 for i in range(c.tiles) if c.stores_after(i))
+                writes = c.tiles if c.accumulate == 1 else sum(1 for i in range(c.tiles) if c.stores_after(i))
                 for mv in c.writes:
                     pairs[(tcm, mv.loc.node)] += writes * flits(mv.nbytes)
                 eng = info.node(c.engine)
-                _path_load(machine, busy, (tcm, eng), c.tiles * flits(c.fetch_bytes) if c.fetch_bytes else 0)
-                _path_load(machine, busy, (eng, tcm), writes * flits(c.store_bytes) if c.store_bytes else 0)
-                busy[eng] += c.tiles * _compute_ps(machine, eng, c.flops, c.dtype)
+                if c.fetch_bytes:
+                    local[(tcm, eng)] += c.tiles * flits(c.fetch_bytes)
+                if c.store_bytes:
+                    local[(eng, tcm)] += writes * flits(c.store_bytes)
+                busy[eng] += c.tiles * compute(eng, c.flops, c.dtype)
             elif isinstance(c, Compute):
-                busy[info.node(c.engine)] += _compute_ps(machine, info.node(c.engine), c.flops, c.dtype)
+                busy[info.node(c.engine)] += compute(info.node(c.engine), c.flops, c.dtype)
             elif isinstance(c, Send):
                 pairs[(info.node("ipcq"), machine.pes[c.dst_pe].node("ipcq"))] += flits(c.nbytes)
+    for link, n in local.items():
+        _path_load(machine, busy, link, n)
     g = machine.graph
     for (src, dst), n in pairs.items():
         path = machine.route(src, dst) if g.nodes[src]["kind"] == "ipcq" else data_path(machine, src, dst)
@@ -70,6 +78,18 @@ def resource_ps(machine, programs: dict) -> Counter:
                 burst_ps = round(p["params"]["burst_bytes"] * 1000 / p["params"]["channel_gbps"])
                 busy[node] += n * burst_ps // p["params"].get("channels", 1)
     return busy
+
+
+def _memo(fn):
+    """``fn`` with its results kept per argument tuple (for the hot loops over commands)."""
+    cache: dict = {}
+
+    def call(*args):
+        got = cache.get(args)
+        if got is None:
+            got = cache[args] = fn(*args)
+        return got
+    return call
 
 
 def _compute_ps(machine, engine: str, flops: int, dtype: str) -> int:
@@ -199,18 +219,22 @@ def alpha_beta_ps(machine, sched, pes: tuple, block_bytes: int, packet_bytes: in
     fb = machine.flit_bytes
     g = machine.graph
     cache: dict = {}
+    worst: dict = {}       # a step's transfers (pairs and block counts) -> its most loaded link
     for step, alpha in zip(sched.steps, alphas):
-        loads: Counter = Counter()
-        for x in step:
-            key = (pes[x.src], pes[x.dst], x.reduce)
-            edges = cache.get(key)
-            if edges is None:
-                s, d = machine.pes[key[0]], machine.pes[key[1]]
-                path = data_path(machine, s.hbm, d.node("tcm") if x.reduce else d.hbm)
-                own = data_path(machine, d.hbm, d.node("tcm")) if x.reduce else ()
-                edges = cache[key] = [(e, g.edges[e]["flit_ps"]) for p in (path, own) for e in zip(p, p[1:])]
-            n = max(1, -(-len(x.blocks) * block_bytes // fb))
-            for e, ps in edges:
-                loads[e] += n * ps
-        total += alpha + (max(loads.values()) if loads else 0)
+        sig = tuple((x.src, x.dst, x.reduce, len(x.blocks)) for x in step)
+        if sig not in worst:
+            loads: Counter = Counter()
+            for x in step:
+                key = (pes[x.src], pes[x.dst], x.reduce)
+                edges = cache.get(key)
+                if edges is None:
+                    s, d = machine.pes[key[0]], machine.pes[key[1]]
+                    path = data_path(machine, s.hbm, d.node("tcm") if x.reduce else d.hbm)
+                    own = data_path(machine, d.hbm, d.node("tcm")) if x.reduce else ()
+                    edges = cache[key] = [(e, g.edges[e]["flit_ps"]) for p in (path, own) for e in zip(p, p[1:])]
+                n = max(1, -(-len(x.blocks) * block_bytes // fb))
+                for e, ps in edges:
+                    loads[e] += n * ps
+            worst[sig] = max(loads.values()) if loads else 0
+        total += alpha + worst[sig]
     return max(total, issue_ps(machine, sched, block_bytes, packet_bytes))
