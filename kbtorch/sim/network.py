@@ -129,6 +129,7 @@ class Network:
         self.flit_bytes = machine.flit_bytes
         self._links: dict = {}
         self._paths: dict = {}
+        self._chunks: dict = {}
         self._hop_cb = [self._reserve if policy.reserve else self._hop]
         self._arrive_cb = [self._arrive]
 
@@ -165,6 +166,12 @@ class Network:
         halved down to ``tail_flits`` (fast mode: one flit) so that streams sharing a link
         finish as close together as flit by flit.
         """
+        got = self._chunks.get(n_flits)
+        if got is None:
+            got = self._chunks[n_flits] = self._cut(n_flits)
+        return got
+
+    def _cut(self, n_flits: int) -> list:
         pol = self.policy
         c = min(pol.chunk_flits, pol.min_train if n_flits < pol.long_flits else -(-n_flits // pol.trains))
         sizes = []
@@ -220,7 +227,7 @@ class Network:
             self._arrive(tr)
             return
         trains = [(0, msg.n_flits)] if whole and self.policy.chunk_flits > 1 else self.chunks(msg.n_flits)
-        if self.policy.reserve and len(trains) == 1 and t == self.engine.now:
+        if self.policy.reserve and len(trains) == 1 and t == self.engine.env._now:
             self._book(msg, 0, msg.n_flits, t, t, chain)
             return
         msg.pending += len(trains)
@@ -258,7 +265,19 @@ class Network:
             link = hop.link
             ser, ts = link.flit_ps, link.ts
             if not ts or ts[-1] <= head:
-                head_out, tail_out = _append(ts, link.us, head, tail, n, ser, now)
+                # NOTE: ``_append`` inlined (the hot path: a link idle from ``head`` on).
+                us = link.us
+                tail_out = tail + ser if tail + ser > head + n * ser else head + n * ser
+                if not ts:
+                    ts.append(head)
+                elif ts[-1] < head:
+                    us.append(0.0)
+                    ts.append(head)
+                us.append(n * ser / (tail_out - head))
+                ts.append(tail_out)
+                if len(ts) > 64:
+                    forget(ts, us, min(now, head))
+                head_out = head + ser
             else:
                 head_out, tail_out = _shared(link, head, tail, n, ser, now)
             if tail_out > tail + ser:

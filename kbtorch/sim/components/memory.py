@@ -27,16 +27,18 @@ class Memory:
         self.free = [0] * self.channels
         self.bursts = 0
         self.busy_ps = 0
+        self._memo: dict = {}
 
     def _classes(self, addr: int, stride: int, first: int, n: int):
         """(channel, first index in train, count, step) for each channel the train touches."""
         sb = stride // self.burst_bytes
-        base = addr // self.burst_bytes + first * sb
-        period = self.channels // gcd(sb, self.channels) if sb else 1
-        out = []
-        for r in range(min(period, n)):
-            ch = (base + r * sb) % self.channels
-            out.append((ch, r, (n - r + period - 1) // period, period))
+        base = (addr // self.burst_bytes + first * sb) % self.channels
+        key = (base, sb, n)
+        out = self._memo.get(key)
+        if out is None:
+            period = self.channels // gcd(sb, self.channels) if sb else 1
+            out = self._memo[key] = [((base + r * sb) % self.channels, r, (n - r + period - 1) // period, period)
+                                     for r in range(min(period, n))]
         return out
 
     def read(self, t: int, chain, addr: int, stride: int, first: int, n: int):
