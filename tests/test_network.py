@@ -39,6 +39,24 @@ def test_one_mib_fast_is_exact_with_100x_fewer_events(ahbm):
     assert flit.events >= 100 * fast.events
 
 
+@pytest.mark.parametrize("nbytes", [256, 65536, 1 << 20])
+def test_coarse_message_of_one_train_is_one_event_and_exact_alone(ahbm, nbytes):
+    # NOTE: the path is committed when the message is sent; only its completion is an event.
+    a, b = ports(ahbm, 0, 255)
+    result = Simulator(ahbm, "coarse").run_messages([(a, b, nbytes)])
+    assert result.finishes[0] == closed_form_ps(ahbm, ahbm.route(a, b), -(-nbytes // 256))
+    assert result.events == 1
+
+
+def test_coarse_messages_committed_at_send_still_share_a_bottleneck(ahbm):
+    first, second = (*ports(ahbm, 0, 8), 1 << 18), (*ports(ahbm, 1, 9), 1 << 18)
+    alone = Simulator(ahbm, "coarse").run_messages([first]).finishes[0]
+    both = Simulator(ahbm, "coarse").run_messages([first, second])
+    assert both.events == 2
+    # one 1024-flit train each: the first sent keeps the link, the second fills what is left
+    assert min(both.finishes) == alone and 1.9 < max(both.finishes) / alone < 2.1
+
+
 @pytest.mark.parametrize("mode", ["fast", "flit"])
 def test_two_transfers_through_one_bottleneck_each_take_twice_as_long(ahbm, mode):
     # PE 0 -> PE 8 and PE 1 -> PE 9 share every NoC link from CUBE 0's r0 to CUBE 1's r0.

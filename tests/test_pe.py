@@ -27,6 +27,21 @@ def test_control_processor_runs_ahead_of_the_engines(ahbm):
     assert result.breakdown()["issue"] == 42000
 
 
+def test_busy_engine_takes_issued_commands_without_an_event_each(ahbm):
+    # NOTE: commands issued while the engine works join its queue when it looks (lazily).
+    cmds = [Compute(8_000_000, engine="gemm") for _ in range(50)]   # 1 us each
+    result = run(ahbm, {0: cmds})
+    assert result.latency_ps == 45_000 + 50 * 1_000_000
+    assert result.events <= len(cmds) + 2
+
+
+def test_idle_engine_starts_a_command_when_it_arrives(ahbm):
+    cmds = [Compute(8000, engine="gemm"), Compute(8000, engine="gemm")]   # 1 ns each
+    result = run(ahbm, {0: cmds})
+    assert result.latency_ps == 2000 + 2 * 42000 + 1000 + 1000   # the second arrives after the first ends
+    assert result.timeline["gemm"][1][:2] == (87_000, 88_000)
+
+
 def test_semaphore_orders_commands_across_engines(ahbm):
     produce = Compute(8_000_000, engine="gemm", signals=(Signal("tile"),))
     consume = Compute(1_000_000, engine="math", dtype="f16", waits=(Wait("tile"),))

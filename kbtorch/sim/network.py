@@ -197,15 +197,6 @@ class Network:
         msg.pending += 1
         self.engine.schedule(head, Train(self.engine.env, self._hop_cb, msg, first, n, head, tail, chain), EDGE)
 
-    def _book(self, msg: Message, first: int, n: int, head: int, tail: int, chain) -> None:
-        """Reservation mode, a message of one train: commit its whole path now, without a
-        train event. A message that needs no memory at its end is delivered now too (one
-        event: its completion); NOTE: a memory's channels are committed in time order, so
-        a train into one still arrives as an event."""
-        msg.pending += 1
-        tr = Train(self.engine.env, None, msg, first, n, head, tail, chain)
-        self._reserve(tr)
-
     def send(self, msg: Message, t: int, chain, whole: bool = False) -> None:
         """Inject all of ``msg`` at time ``t``: every flit is ready at the source.
 
@@ -228,7 +219,9 @@ class Network:
             return
         trains = [(0, msg.n_flits)] if whole and self.policy.chunk_flits > 1 else self.chunks(msg.n_flits)
         if self.policy.reserve and len(trains) == 1 and t == self.engine.env._now:
-            self._book(msg, 0, msg.n_flits, t, t, chain)
+            # NOTE: reservation mode commits the path when the message is sent: no train event.
+            msg.pending += 1
+            self._reserve(Train(self.engine.env, None, msg, 0, msg.n_flits, t, t, chain))
             return
         msg.pending += len(trains)
         msg.backlog = (trains, 1, t, chain) if len(trains) > 1 else None
@@ -253,11 +246,12 @@ class Network:
         self._arrive(tr)
 
     def _reserve(self, tr: Train) -> None:
-        """Reservation mode: cross every link of the path now, then arrive in one event.
+        """Reservation mode: cross every link of the path now, then arrive: at once if the
+        end needs no memory (``deliver`` is ``arrive``), else by one event.
 
         NOTE: the links downstream are committed ahead of time (their calendars take the
         train in the order trains are sent, not the order they reach the link), which
-        costs one event per train instead of one per hop."""
+        costs at most one event per train instead of one per hop."""
         msg, eng = tr.msg, self.engine
         now, trace = eng.env._now, eng.trace is not None
         n, head, tail, chain = tr.n, tr.head, tr.tail, tr.chain
