@@ -259,19 +259,7 @@ class Network:
             link = hop.link
             ser, ts = link.flit_ps, link.ts
             if not ts or ts[-1] <= head:
-                # NOTE: ``_append`` inlined (the hot path: a link idle from ``head`` on).
-                us = link.us
-                tail_out = tail + ser if tail + ser > head + n * ser else head + n * ser
-                if not ts:
-                    ts.append(head)
-                elif ts[-1] < head:
-                    us.append(0.0)
-                    ts.append(head)
-                us.append(n * ser / (tail_out - head))
-                ts.append(tail_out)
-                if len(ts) > 64:
-                    forget(ts, us, min(now, head))
-                head_out = head + ser
+                head_out, tail_out = _append(ts, link.us, head, tail, n, ser, now)
             else:
                 head_out, tail_out = _shared(link, head, tail, n, ser, now)
             if tail_out > tail + ser:

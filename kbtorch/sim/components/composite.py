@@ -91,7 +91,7 @@ class CompositeRun:
         if self.released or self.handoff is None:
             return
         if not self.q.queue:
-            self.q._pull()
+            self.q.pull()
             if not self.q.queue:
                 self.q.expect()
                 return

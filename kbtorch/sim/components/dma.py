@@ -75,11 +75,14 @@ class DmaModel:
         path = self.data_path(move.src.node, move.dst.node)
         dst_mem = self.sim.memory(move.dst.node)
 
-        def deliver(tr):
+        def commit(tr):
             return dst_mem.write(tr, move.dst.addr, move.dst_stride or dst_mem.burst_bytes)
 
+        # NOTE: a TCM takes data at link rate: plain ``arrive`` (the coarse mode then
+        # delivers the message when it commits its path, without an arrival event).
+        deliver = arrive if dst_mem is None else commit
         own = move.src.node == own_tcm
-        data = net.message(path, net.flits(move.nbytes), arrive if dst_mem is None else deliver, on_done, on_sent if own else None, what=what)
+        data = net.message(path, net.flits(move.nbytes), deliver, on_done, on_sent if own else None, what=what)
         if own:
             net.send(data, t, chain)
             return

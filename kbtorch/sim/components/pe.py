@@ -35,7 +35,7 @@ class EngineQueue:
     """One engine of one PE: an in-order queue and a serial worker.
 
     NOTE: commands the CP has issued wait in ``incoming`` with their arrival times and join
-    ``queue`` when the engine looks at it (``_pull``); an event marks an arrival only when
+    ``queue`` when the engine looks at it (``pull``); an event marks an arrival only when
     something waits for it (an idle engine, or a composite ready to hand over), so a busy
     engine's arrivals cost no events. Start times and attribution are as if each command
     arrived by its own event.
@@ -54,7 +54,7 @@ class EngineQueue:
         self.done = 0
         self.spans: list | None = [] if pe.sim.timeline_pe == pe.info.id else None
 
-    def _pull(self) -> None:
+    def pull(self) -> None:
         """Move the commands that have arrived by now into the queue."""
         inc, now = self.incoming, self.pe.sim.engine.now
         while inc and inc[0].t <= now:
@@ -67,7 +67,7 @@ class EngineQueue:
             self.pe.sim.engine.at(self.wake_t, self.wake)
 
     def wake(self) -> None:
-        self._pull()
+        self.pull()
         run = self.pe.composites.get(self.role)
         if self.busy and run is not None:
             run.hand_over()
@@ -77,7 +77,7 @@ class EngineQueue:
         if self.busy:
             return
         if self.incoming:
-            self._pull()
+            self.pull()
         if not self.queue:
             self.expect()
             return
