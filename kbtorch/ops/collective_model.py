@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 from collections import Counter
+import functools
 
 from ..sim.commands import Composite, Compute, Dma, Send
 from ..sim.components.dma import data_path
@@ -40,8 +41,8 @@ def resource_ps(machine, programs: dict) -> Counter:
     busy: Counter = Counter()
     fb = machine.flit_bytes
     flits = lambda n: max(1, -(-n // fb))  # noqa: E731
-    issue = _memo(machine.issue.cmd_ps)
-    compute = _memo(lambda eng, flops, dtype: _compute_ps(machine, eng, flops, dtype))
+    issue = functools.cache(machine.issue.cmd_ps)
+    compute = functools.cache(lambda eng, flops, dtype: _compute_ps(machine, eng, flops, dtype))
     for pe, cmds in programs.items():
         info = machine.pes[pe]
         tcm = info.node("tcm")
@@ -78,18 +79,6 @@ def resource_ps(machine, programs: dict) -> Counter:
                 burst_ps = round(p["params"]["burst_bytes"] * 1000 / p["params"]["channel_gbps"])
                 busy[node] += n * burst_ps // p["params"].get("channels", 1)
     return busy
-
-
-def _memo(fn):
-    """``fn`` with its results kept per argument tuple (for the hot loops over commands)."""
-    cache: dict = {}
-
-    def call(*args):
-        got = cache.get(args)
-        if got is None:
-            got = cache[args] = fn(*args)
-        return got
-    return call
 
 
 def _compute_ps(machine, engine: str, flops: int, dtype: str) -> int:

@@ -209,17 +209,12 @@ class Network:
         queue holds one entry per message instead of one per train.
         """
         self.engine.record(msg.corr, msg.path[0], "inject", t, t, f"{msg.what} {msg.n_flits} flits to {msg.path[-1]}")
-        if whole and self.policy.chunk_flits > 1 and len(msg.hops) == 1 and t == self.engine.now:
-            # NOTE: one private link: nothing can interleave, so cross it now (one event, the
-            # completion, instead of two); the same times as the train event would give.
-            msg.pending += 1
-            tr = Train(self.engine.env, None, msg, 0, msg.n_flits, t, t, chain)
-            self._cross(tr)
-            self._arrive(tr)
-            return
-        trains = [(0, msg.n_flits)] if whole and self.policy.chunk_flits > 1 else self.chunks(msg.n_flits)
-        if self.policy.reserve and len(trains) == 1 and t == self.engine.env._now:
-            # NOTE: reservation mode commits the path when the message is sent: no train event.
+        private = whole and self.policy.chunk_flits > 1
+        trains = [(0, msg.n_flits)] if private else self.chunks(msg.n_flits)
+        if len(trains) == 1 and t == self.engine.env._now and (self.policy.reserve or (private and len(msg.hops) == 1)):
+            # NOTE: nothing can interleave with a train on one private link, and reservation
+            # mode commits a path when it is sent: cross it now, without a train event (the
+            # same times as the train event would give on a private link).
             msg.pending += 1
             self._reserve(Train(self.engine.env, None, msg, 0, msg.n_flits, t, t, chain))
             return
@@ -246,33 +241,19 @@ class Network:
         self._arrive(tr)
 
     def _reserve(self, tr: Train) -> None:
-        """Reservation mode: cross every link of the path now, then arrive: at once if the
-        end needs no memory (``deliver`` is ``arrive``), else by one event.
+        """Cross every link of the path now, then arrive: at once if the end needs no memory
+        (``deliver`` is ``arrive``), else by one event.
 
-        NOTE: the links downstream are committed ahead of time (their calendars take the
-        train in the order trains are sent, not the order they reach the link), which
-        costs at most one event per train instead of one per hop."""
-        msg, eng = tr.msg, self.engine
-        now, trace = eng.env._now, eng.trace is not None
-        n, head, tail, chain = tr.n, tr.head, tr.tail, tr.chain
-        for j, hop in enumerate(msg.hops):
-            link = hop.link
-            ser, ts = link.flit_ps, link.ts
-            if not ts or ts[-1] <= head:
-                head_out, tail_out = _append(ts, link.us, head, tail, n, ser, now)
-            else:
-                head_out, tail_out = _shared(link, head, tail, n, ser, now)
-            if tail_out > tail + ser:
-                chain = (link.key, "queue" if link.last_corr != msg.corr else "link", tail_out - tail - ser, chain)
-            link.last_corr = msg.corr
-            link.flits += n
-            if trace:
-                eng.record(msg.corr, link.key, "hop", head, tail_out, f"flits {tr.first}+{n}")
-            if j == 0:
-                self._left(msg, tr.first + n, tail_out, (link.key, "link", ser, chain))
-            head, tail, chain = head_out + hop.delay, tail_out + hop.delay, (hop, "hop", hop.total, chain)
-        tr.hop, tr.head, tr.tail, tr.chain = len(msg.hops) - 1, head, tail, chain
-        if msg.deliver is arrive:
+        NOTE: in reservation mode the links downstream are committed ahead of time (their
+        calendars take the train in the order trains are sent, not the order they reach the
+        link), which costs at most one event per train instead of one per hop."""
+        hops = len(tr.msg.hops)
+        while True:
+            self._cross(tr)
+            if tr.hop + 1 == hops:
+                break
+            tr.hop += 1
+        if tr.msg.deliver is arrive:
             self._arrive(tr)
             return
         tr.callbacks = self._arrive_cb
@@ -303,16 +284,11 @@ class Network:
         if eng.trace is not None:
             eng.record(msg.corr, link.key, "hop", head, tail_out, f"flits {tr.first}+{n}")
         if j == 0:
-            self._left(msg, tr.first + n, tail_out, (link.key, "link", ser, chain))
+            if msg.backlog is not None:
+                self._next_train(msg)
+            elif tr.first + n == msg.n_flits and msg.on_sent is not None:
+                eng.at(tail_out, msg.on_sent, tail_out, (link.key, "link", ser, chain))
         tr.head, tr.tail, tr.chain = head_out + hop.delay, tail_out + hop.delay, (hop, "hop", hop.total, chain)
-
-    def _left(self, msg: Message, end: int, t: int, chain) -> None:
-        """A train's flits up to ``end`` have left the first link by ``t``: send the next
-        train, or tell the sender it is free once the last flit has left."""
-        if msg.backlog is not None:
-            self._next_train(msg)
-        elif end == msg.n_flits and msg.on_sent is not None:
-            self.engine.at(t, msg.on_sent, t, chain)
 
     def _arrive(self, tr: Train) -> None:
         """``tr`` has reached the last node of its path: deliver it there."""
