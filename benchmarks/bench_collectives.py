@@ -54,9 +54,9 @@ def small() -> list[dict]:
     takes longer), then the fastest is set against its own startup bound."""
     out = []
     for topo, group in (("ahbm", "cube"), ("ahbm", "sip"), ("ahbm", "all"), ("torus6", "all")):
-        auto = run(group=group, topology=topo, nbytes=KiB)
+        auto = run(group=group, machine=topo, nbytes=KiB)
         best_est = min(auto["candidates_ns"].values())
-        rows = [run(group=group, topology=topo, algo=a, nbytes=KiB)
+        rows = [run(group=group, machine=topo, algo=a, nbytes=KiB)
                 for a, ns in auto["candidates_ns"].items() if ns <= 3 * best_est]
         best = min(rows, key=lambda r: r["latency_ns"])
         out.append({"topology": topo, "group": group, "best": best["algo"], "latency_ns": best["latency_ns"],
@@ -72,8 +72,8 @@ def coarse_vs_fast() -> list[dict]:
     cases += [("ahbm", "sip", a, MiB) for a in ("ring", "2d")]
     out = []
     for topo, group, algo, nbytes in cases:
-        f = run(group=group, topology=topo, algo=algo, nbytes=nbytes, mode="fast")
-        c = run(group=group, topology=topo, algo=algo, nbytes=nbytes, mode="coarse")
+        f = run(group=group, machine=topo, algo=algo, nbytes=nbytes, mode="fast")
+        c = run(group=group, machine=topo, algo=algo, nbytes=nbytes, mode="coarse")
         out.append({"topology": topo, "group": group, "algo": algo, "bytes": nbytes,
                     "fast_ns": f["latency_ns"], "coarse_ns": c["latency_ns"],
                     "error_pct": 100 * (c["latency_ns"] - f["latency_ns"]) / f["latency_ns"],
@@ -82,7 +82,7 @@ def coarse_vs_fast() -> list[dict]:
 
 
 def mesh_vs_torus() -> list[dict]:
-    return [dict(run(group="sip", topology=t, algo=a, nbytes=16 * MiB), topology=t)
+    return [dict(run(group="sip", machine=t, algo=a, nbytes=16 * MiB), topology=t)
             for t in ("ahbm", "ahbm_torus") for a in ("ring", "2d")]
 
 

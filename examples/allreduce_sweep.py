@@ -63,7 +63,7 @@ def sweep(topology: str, group: str, top: int) -> list[dict]:
         for algo in ALGOS:
             if algo not in est or est[algo] > PRUNE * min(est.values()):
                 continue
-            run = collective("all_reduce", group=group, algo=algo, nbytes=nbytes, topology=machine)
+            run = collective("all_reduce", group=group, algo=algo, nbytes=nbytes, machine=machine)
             rows.append(dict(run.as_dict(), nominal=nominal))
     return rows
 
@@ -104,7 +104,7 @@ def mesh_vs_torus(nbytes: int) -> list[dict]:
     out = []
     for topo in ("ahbm", "ahbm_torus"):
         for algo in ("ring", "2d"):
-            run = collective("all_reduce", group="sip", algo=algo, nbytes=nbytes, topology=topo)
+            run = collective("all_reduce", group="sip", algo=algo, nbytes=nbytes, machine=topo)
             out.append({"topology": topo, "algo": algo, "bytes": nbytes, "latency_ns": run.latency_ns,
                         "busbw_gbps": run.busbw_gbps})
     return out

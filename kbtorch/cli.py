@@ -20,9 +20,8 @@ from .sim.commands import Dma
 from .sim.simulator import Simulator
 from .sim.traffic import PATTERNS, pattern_messages, pattern_pairs
 from .topology.machine import load_machine
-from .cli_common import _pe_arg, _pes_arg, _run_info, _write_trace
-from .cli_collective import add_collective_parsers
-from .cli_gemm import GEMM_DTYPES, GEMM_HELP, _cmd_gemm
+from .cli_common import _byte_count, _pe_arg, _pes_arg, _run_info, _write_trace
+from .cli_ops import add_family_parsers
 from .units import fmt_bytes, fmt_ns, parse_bytes
 
 HBM_PATTERNS = ("uniform", "hot-channel")
@@ -34,36 +33,6 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(message)
-
-
-def _byte_count(text: str) -> int:
-    try:
-        return parse_bytes(text, minimum=1)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"'{text}' must be a positive integer")
-    return value
-
-
-def _triple(text: str) -> tuple[int, int, int]:
-    parts = text.split(",")
-    try:
-        values = tuple(int(x) for x in parts)
-    except ValueError:
-        values = ()
-    if len(values) != 3:
-        raise argparse.ArgumentTypeError(f"invalid triple '{text}' (expected three integers such as 128,128,512)")
-    if min(values) < 1:
-        raise argparse.ArgumentTypeError(f"'{text}' must be three positive integers")
-    return values
 
 
 def _common() -> argparse.ArgumentParser:
@@ -95,24 +64,7 @@ def _bench_parsers(bench, common) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--flit-exact", action="store_true", help="one event per flit (reference mode)")
     p.set_defaults(func=_cmd_traffic)
-    p = bench.add_parser("gemm", parents=[common, run], help="C[M,N] = A[M,K] @ B[K,N] on the PEs",
-                         description=GEMM_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--m", type=_positive_int, required=True, help="rows of A and C")
-    p.add_argument("--n", type=_positive_int, required=True, help="columns of B and C")
-    p.add_argument("--k", type=_positive_int, required=True, help="columns of A, rows of B")
-    p.add_argument("--dtype", choices=GEMM_DTYPES, default="f16", help="element type (default f16)")
-    p.add_argument("--pes", help="PE list (default: all PEs of the topology)")
-    p.add_argument("--tile", type=_triple, metavar="TM,TN,TK", help="macro-tile of each PE")
-    p.add_argument("--grid", type=_triple, metavar="GM,GN,GK", help="PE grid (uses the first GM*GN*GK PEs of --pes)")
-    p.add_argument("--no-composite", dest="composite", action="store_false",
-                   help="issue individual commands chained by semaphores instead of composites")
-    numerics = p.add_mutually_exclusive_group()
-    numerics.add_argument("--timing-only", action="store_true", help="only the timing pass (the default)")
-    numerics.add_argument("--check", action="store_true",
-                          help="also compute C from random inputs and compare it with torch.matmul")
-    p.add_argument("--flit-exact", action="store_true", help="one event per flit (reference mode)")
-    p.set_defaults(func=_cmd_gemm)
-    add_collective_parsers(bench, [common], _byte_count)
+    add_family_parsers(bench, [common, run])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,7 +100,7 @@ def _topo_text(s: dict) -> str:
     overview = tabulate([
         ("topology", f"{s['name']} ({s['path']})"), ("PEs", s["pes"]),
         ("nodes / edges", f"{s['nodes']} / {s['edges']}"),
-        ("peak f16", f"{s['peak_tflops_f16']:g} TFLOP/s"),
+        ("peak (GEMM)", ", ".join(f"{d} {t:g} TFLOP/s" for d, t in s["peak_tflops"].items())),
         ("HBM bandwidth (aggregate)", f"{s['hbm_gbps_total']:g} GB/s"),
         ("HBM capacity", f"{s['hbm_gib_total']:g} GiB in {s['hbm_channels']} pseudo-channels"),
         ("SRAM capacity", f"{s['sram_mib_total']:g} MiB"),

@@ -7,6 +7,8 @@ import argparse
 
 from tabulate import tabulate
 
+from .cli_common import _byte_count
+from .ops.contract import DTYPES
 from .units import fmt_bytes
 
 #: Subcommand -> collective kind of ``kbtorch.ops.collective``.
@@ -15,7 +17,6 @@ COLLECTIVES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescat
 REDUCING = ("all_reduce", "reduce_scatter")
 COLLECTIVE_ALGOS = ("ring", "bidir-ring", "2d", "direct", "tree", "hier", "auto")
 COLLECTIVE_OPS = ("sum", "max")
-COLLECTIVE_DTYPES = ("f16", "bf16", "fp32")
 COLLECTIVE_MODES = ("auto", "fast", "coarse", "flit")
 #: ``--check`` tolerances (atol per member, rtol): atol is multiplied by the number of members.
 COLLECTIVE_TOLERANCE = {"f16": (1e-2, 1e-2), "bf16": (1e-2, 1e-2), "fp32": (1e-5, 1e-5)}
@@ -38,12 +39,13 @@ times the number of members; rtol: f16 and bf16 1e-2, fp32 1e-5).
 """
 
 
-def add_collective_parsers(bench, parents, byte_count) -> None:
-    """Declare the four collective subcommands under ``bench``."""
-    for name, kind in COLLECTIVES.items():
+def add_parser(bench, parents, family) -> None:
+    """Declare the subcommand of one collective (``allreduce`` for the family ``all_reduce``)."""
+    kind = family.name
+    for name in [n for n, k in COLLECTIVES.items() if k == kind]:
         p = bench.add_parser(name, parents=parents, help=f"{kind.replace('_', '-')} over a group of PEs",
                              description=COLLECTIVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("--bytes", type=byte_count, required=True, help="per-member buffer (e.g. 64KiB)")
+        p.add_argument("--bytes", type=_byte_count, required=True, help="per-member buffer (e.g. 64KiB)")
         p.add_argument("--algo", choices=COLLECTIVE_ALGOS, default="auto", help="algorithm (default auto)")
         p.add_argument("--group", default="all", help="members: all, cube, sip, cube:3, 0-7,16... (default all)")
         if kind in REDUCING:
@@ -51,8 +53,8 @@ def add_collective_parsers(bench, parents, byte_count) -> None:
         if kind == "broadcast":
             p.add_argument("--root", type=int, default=0,
                            help="rank in --group (0..members-1) of the member that sends (default 0)")
-        p.add_argument("--dtype", choices=COLLECTIVE_DTYPES, default="f16", help="element type (default f16)")
-        p.add_argument("--packet-bytes", type=byte_count, help="packet size (default: from the block size)")
+        p.add_argument("--dtype", choices=tuple(DTYPES), default="f16", help="element type (default f16)")
+        p.add_argument("--packet-bytes", type=_byte_count, help="packet size (default: from the block size)")
         p.add_argument("--mode", choices=COLLECTIVE_MODES, default="auto",
                        help="simulation mode (default auto: coarse for very large runs, else fast)")
         p.add_argument("--check", action="store_true", help="also run on random data and compare with torch")
@@ -61,7 +63,6 @@ def add_collective_parsers(bench, parents, byte_count) -> None:
 
 def _members(args, machine) -> int:
     """The number of members; raises ValueError naming the argument at fault."""
-    from .ops.collective import DTYPES
     from .ops.collective_group import make_grid, resolve_group
     from .ops.collective_plan import CollectiveError, schedule
 
@@ -73,7 +74,7 @@ def _members(args, machine) -> int:
     n = len(pes)
     if not 0 <= root < n:
         raise ValueError(f"argument --root: {root} is not a member rank of the group of {n} (0..{n - 1})")
-    eb = DTYPES[args.dtype][1]
+    eb = DTYPES[args.dtype].bytes
     elems = args.bytes // eb
     if args.bytes % eb:
         raise ValueError(f"argument --bytes: {args.bytes} bytes is not a whole number of {args.dtype} "
@@ -96,10 +97,8 @@ def _shards(kind: str, n: int, nbytes: int, dtype: str) -> list:
     """Random per-member buffers (seed 0): the input of each member, its shard for all-gather."""
     import torch
 
-    from .ops.collective import DTYPES
-
     torch.manual_seed(0)
-    tdtype, eb = DTYPES[dtype]
+    tdtype, eb = DTYPES[dtype].torch, DTYPES[dtype].bytes
     count = nbytes // eb // (n if kind == "all_gather" else 1)
     return [torch.randn(count, dtype=tdtype) for _ in range(n)]
 
@@ -130,7 +129,7 @@ def _cmd_collective(args, machine):
     shards = _shards(kind, n, args.bytes, args.dtype) if args.check else None
     try:
         run = collective(kind, shards, group=args.group, algo=args.algo, op=op, root=root, nbytes=args.bytes,
-                         dtype=args.dtype, topology=machine, packet_bytes=args.packet_bytes, mode=args.mode)
+                         dtype=args.dtype, machine=machine, packet_bytes=args.packet_bytes, mode=args.mode)
     except CollectiveError as exc:
         text = str(exc)
         option = "--packet-bytes" if "packet_bytes" in text else ("--bytes" if "bytes" in text else None)

@@ -1,8 +1,10 @@
 """Helpers shared by the ``kbtorch`` command-line modules: PE arguments, run summaries, traces."""
 from __future__ import annotations
 
+import argparse
+
 from .profiler import breakdown_ns
-from .units import parse_pe, parse_pes
+from .units import parse_bytes, parse_pe, parse_pes
 
 
 def _write_trace(args, result) -> None:
@@ -34,3 +36,33 @@ def _pes_arg(text: str, n_pes: int) -> list[int]:
         return parse_pes(text, n_pes)
     except ValueError as exc:
         raise ValueError(f"argument --pes: {exc}") from None
+
+
+def _byte_count(text: str) -> int:
+    try:
+        return parse_bytes(text, minimum=1)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' must be a positive integer")
+    return value
+
+
+def _triple(text: str) -> tuple[int, int, int]:
+    parts = text.split(",")
+    try:
+        values = tuple(int(x) for x in parts)
+    except ValueError:
+        values = ()
+    if len(values) != 3:
+        raise argparse.ArgumentTypeError(f"invalid triple '{text}' (expected three integers such as 128,128,512)")
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' must be three positive integers")
+    return values

@@ -2,16 +2,17 @@
 with ``--check``, a comparison against ``torch.matmul``."""
 from __future__ import annotations
 
+import argparse
 import math
 import time
 
 from tabulate import tabulate
 
-from .cli_common import _pes_arg, _write_trace
+from .cli_common import _pes_arg, _positive_int, _triple, _write_trace
+from .ops.contract import DTYPES
 from .profiler import breakdown_ns, breakdown_table
 from .units import fmt_bytes, fmt_ns
 
-GEMM_DTYPES = ("f16", "bf16", "fp32")
 #: ``--check`` tolerances (atol, rtol); atol is scaled by sqrt(K).
 GEMM_TOLERANCE = {"f16": (1e-2, 1e-2), "bf16": (5e-2, 5e-2), "fp32": (1e-4, 1e-4)}
 GEMM_DEFAULT_TILE = 256
@@ -32,6 +33,27 @@ most square GM x GN grid that fits M and N (the longer side along the larger of 
 GK=1. --grid alone uses the tile min(256, block) in each dimension, the block being M/GM,
 N/GN and K/GK rounded up. A given tile larger than the block is clipped to it.
 """
+
+
+def add_parser(bench, parents, family) -> None:
+    """Declare ``kbtorch bench gemm``."""
+    p = bench.add_parser("gemm", parents=parents, help=family.help,
+                         description=GEMM_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--m", type=_positive_int, required=True, help="rows of A and C")
+    p.add_argument("--n", type=_positive_int, required=True, help="columns of B and C")
+    p.add_argument("--k", type=_positive_int, required=True, help="columns of A, rows of B")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="f16", help="element type (default f16)")
+    p.add_argument("--pes", help="PE list (default: all PEs of the topology)")
+    p.add_argument("--tile", type=_triple, metavar="TM,TN,TK", help="macro-tile of each PE")
+    p.add_argument("--grid", type=_triple, metavar="GM,GN,GK", help="PE grid (uses the first GM*GN*GK PEs of --pes)")
+    p.add_argument("--no-composite", dest="composite", action="store_false",
+                   help="issue individual commands chained by semaphores instead of composites")
+    numerics = p.add_mutually_exclusive_group()
+    numerics.add_argument("--timing-only", action="store_true", help="only the timing pass (the default)")
+    numerics.add_argument("--check", action="store_true",
+                          help="also compute C from random inputs and compare it with torch.matmul")
+    p.add_argument("--flit-exact", action="store_true", help="one event per flit (reference mode)")
+    p.set_defaults(func=_cmd_gemm)
 
 
 def _square_grid(n_pes: int, m: int, n: int) -> tuple[int, int, int] | None:
@@ -101,7 +123,7 @@ def _gemm_check(run, a, b) -> dict:
 
 def _cmd_gemm(args, machine):
     from .kernel import TcmOverflow
-    from .ops.gemm import TORCH_DTYPES, gemm
+    from .ops.gemm import gemm
 
     pes = _pes_arg(args.pes, len(machine.pes)) if args.pes is not None else list(range(len(machine.pes)))
     tiling, source = _gemm_tiling(args, len(pes))
@@ -113,7 +135,7 @@ def _cmd_gemm(args, machine):
             import torch
 
             torch.manual_seed(0)
-            dt = TORCH_DTYPES[args.dtype]
+            dt = DTYPES[args.dtype].torch
             a, b = torch.randn(args.m, args.k, dtype=dt), torch.randn(args.k, args.n, dtype=dt)
             run = gemm(a, b, **kw)
         else:

@@ -49,7 +49,7 @@ def test_fmt_bytes():
 
 def test_topo_json(cli_json):
     s = cli_json("topo")
-    assert s["pes"] == 256 and s["peak_tflops_f16"] == pytest.approx(2048)
+    assert s["pes"] == 256 and s["peak_tflops"]["f16"] == pytest.approx(2048)
     assert s["hbm_gbps_total"] == pytest.approx(32 * 1024)
     assert {"nodes_by_kind", "edges_by_kind", "links", "hbm_gib_total", "sram_mib_total"} <= set(s)
 

@@ -77,10 +77,10 @@ def run_numerics(machine, group, n, numel, kind, algo, dtype, op, root):
     shards = make_shards(kind, n, numel, DTYPES[dtype], seed=zlib.crc32(f"{kind} {algo} {dtype} {op}".encode()))
     if algo == "tree" and kind in ("reduce_scatter", "all_gather") and n & (n - 1):
         with pytest.raises(CollectiveError, match="power-of-two"):
-            collective(kind, shards, group=group, algo=algo, op=op, root=root, topology=machine)
+            collective(kind, shards, group=group, algo=algo, op=op, root=root, machine=machine)
         return
-    run = collective(kind, shards, group=group, algo=algo, op=op, root=root, topology=machine)
-    assert (run.algo, run.dtype, run.op) == (algo, dtype, op)
+    run = collective(kind, shards, group=group, algo=algo, op=op, root=root, machine=machine)
+    assert (run.algo, run.dtype, run.reduction) == (algo, dtype, op)
     eb = shards[0].element_size()
     assert run.nbytes == numel * eb
     check_run(run, kind, n)
@@ -113,14 +113,14 @@ def test_numerics_bf16_and_2d_shards(ahbm, kind):
     g = torch.Generator().manual_seed(1)
     shape = (2, 8) if kind == "all_gather" else (4, 32)
     shards = [torch.randn(*shape, generator=g).to(torch.bfloat16) for _ in range(8)]
-    run = collective(kind, shards, group="cube", algo="ring", root=2, topology=ahbm)
+    run = collective(kind, shards, group="cube", algo="ring", root=2, machine=ahbm)
     assert run.dtype == "bf16"
     check_run(run, kind, 8)
     assert_outputs(run, kind, shards, "sum", 2)
 
 
 def test_timing_only_run_has_no_outputs(ahbm):
-    run = collective("all_gather", group="cube:3", nbytes=8 << 10, algo="ring", dtype="fp32", topology=ahbm)
+    run = collective("all_gather", group="cube:3", nbytes=8 << 10, algo="ring", dtype="fp32", machine=ahbm)
     assert run.outputs is None and run.pes == tuple(range(24, 32))
     check_run(run, "all_gather", 8)
 
@@ -130,8 +130,8 @@ def test_timing_only_run_has_no_outputs(ahbm):
 def test_concurrent_collectives_share_hbm_controllers(ahbm):
     even = dict(kind="all_reduce", group="0,2,4,6", nbytes=4 << 20, algo="ring")
     odd = dict(kind="all_reduce", group="1,3,5,7", nbytes=4 << 20, algo="ring")
-    [alone] = concurrent([even], topology=ahbm)
-    together = concurrent([even, odd], topology=ahbm)
+    [alone] = concurrent([even], machine=ahbm)
+    together = concurrent([even, odd], machine=ahbm)
     assert len(together) == 2
     for t in together:
         assert alone * 1.05 < t < alone * 2.05, (alone, together)
@@ -140,7 +140,7 @@ def test_concurrent_collectives_share_hbm_controllers(ahbm):
 def test_concurrent_groups_must_not_share_a_pe(ahbm):
     with pytest.raises(CollectiveError, match=r"collective 1 \(all_reduce\): PE 2 is already in another"):
         concurrent([dict(kind="all_reduce", group="0,2,4,6", nbytes=4096, algo="ring"),
-                    dict(kind="all_reduce", group="1,2,3", nbytes=4096, algo="ring")], topology=ahbm)
+                    dict(kind="all_reduce", group="1,2,3", nbytes=4096, algo="ring")], machine=ahbm)
 
 
 # ---- algorithm trade-offs -----------------------------------------------------------------
@@ -159,7 +159,7 @@ def test_direct_wins_small_ring_wins_large(request, topo, group, small, large):
     machine = request.getfixturevalue(topo)
 
     def lat(nbytes, algo):
-        run = collective("all_reduce", group=group, nbytes=nbytes, algo=algo, topology=machine)
+        run = collective("all_reduce", group=group, nbytes=nbytes, algo=algo, machine=machine)
         check_run(run, "all_reduce", 4)
         return run.latency_ns
 
@@ -171,7 +171,7 @@ def test_direct_wins_small_ring_wins_large(request, topo, group, small, large):
 def test_auto_is_close_to_the_best_algorithm(ahbm, nbytes):
     """Measured (ns): 1 KiB: auto -> tree 208.5, the best (ring 653.5, direct 863.5);
     4 MiB: auto -> ring 63661, best bidir-ring 61825 (1.03x)."""
-    auto = collective("all_reduce", group="cube", nbytes=nbytes, algo="auto", topology=ahbm)
+    auto = collective("all_reduce", group="cube", nbytes=nbytes, algo="auto", machine=ahbm)
     check_run(auto, "all_reduce", 8)
     assert set(auto.candidates) == set(ALGOS)
     assert auto.algo == min(auto.candidates, key=auto.candidates.get)
@@ -184,7 +184,7 @@ def test_auto_is_close_to_the_best_algorithm(ahbm, nbytes):
         if plan(algo) in seen:      # the same schedule simulates the same (2d on a one-dimensional grid is ring)
             simulated[algo] = simulated[seen[plan(algo)]]
             continue
-        run = collective("all_reduce", group="cube", nbytes=nbytes, algo=algo, topology=ahbm)
+        run = collective("all_reduce", group="cube", nbytes=nbytes, algo=algo, machine=ahbm)
         check_run(run, "all_reduce", 8)
         simulated[algo], seen[plan(algo)] = run.latency_ns, algo
     assert auto.latency_ns <= 1.5 * min(simulated.values()), (auto.algo, simulated)
@@ -192,24 +192,24 @@ def test_auto_is_close_to_the_best_algorithm(ahbm, nbytes):
 
 def test_auto_skips_algorithms_that_do_not_apply(ahbm):
     # 6 members: no recursive halving; 1000 bytes f16 only split into the one block of tree
-    run = collective("all_gather", group="0-5", nbytes=6 << 10, topology=ahbm)
+    run = collective("all_gather", group="0-5", nbytes=6 << 10, machine=ahbm)
     assert "tree" not in run.candidates and run.algo in run.candidates
     check_run(run, "all_gather", 6)
-    odd = collective("all_reduce", group="cube", nbytes=1000, topology=ahbm)
+    odd = collective("all_reduce", group="cube", nbytes=1000, machine=ahbm)
     assert set(odd.candidates) == {"tree"} and odd.algo == "tree"
 
 
 def test_bound_is_a_lower_bound_on_uneven_rings(ahbm):
     # ring order 0 -> 64 -> 192 -> 128 -> 0: hop alphas 37.0, 116.3, 37.0, 150.3 ns; the
     # startup bound follows each block's own chain, not the worst hop of every step
-    run = collective("all_reduce", group="0,128,64,192", nbytes=1 << 10, algo="ring", topology=ahbm)
+    run = collective("all_reduce", group="0,128,64,192", nbytes=1 << 10, algo="ring", machine=ahbm)
     assert run.bound_ps <= run.result.latency_ps, (run.bound_ps, run.result.latency_ps, run.bottleneck)
 
 
 # ---- determinism --------------------------------------------------------------------------
 
 def test_same_collective_twice_is_identical(ahbm):
-    args = dict(group="0-3,8-11", nbytes=64 << 10, algo="2d", topology=ahbm)
+    args = dict(group="0-3,8-11", nbytes=64 << 10, algo="2d", machine=ahbm)
     a = collective("reduce_scatter", **args)
     b = collective("reduce_scatter", **args)
     assert a.result.latency_ps == b.result.latency_ps
@@ -265,11 +265,11 @@ def test_bad_input_is_a_collective_error(ahbm, case):
     kind = kw.pop("kind")
     shards = kw.pop("shards", None)
     with pytest.raises(CollectiveError, match=match):
-        collective(kind, shards, topology=ahbm, **kw)
+        collective(kind, shards, machine=ahbm, **kw)
 
 
 def test_packet_bytes_within_the_tcm_is_accepted(ahbm):
-    run = collective("all_reduce", group="cube", nbytes=256 << 10, algo="ring", packet_bytes=8 << 10, topology=ahbm)
+    run = collective("all_reduce", group="cube", nbytes=256 << 10, algo="ring", packet_bytes=8 << 10, machine=ahbm)
     check_run(run, "all_reduce", 8)
 
 
@@ -278,7 +278,7 @@ def test_packet_bytes_within_the_tcm_is_accepted(ahbm):
 def test_tree_all_reduce_over_the_whole_machine(ahbm):
     """256 members. NOTE: in the default (fast) mode this one run takes ~20 s of wall time
     (1.5 M network events); coarse mode keeps it to a few seconds."""
-    run = collective("all_reduce", group="all", nbytes=64 << 10, algo="tree", topology=ahbm, mode="coarse")
+    run = collective("all_reduce", group="all", nbytes=64 << 10, algo="tree", machine=ahbm, mode="coarse")
     check_run(run, "all_reduce", 256)
     assert run.mode == "coarse" and run.pes == tuple(range(256))
 
@@ -286,8 +286,8 @@ def test_tree_all_reduce_over_the_whole_machine(ahbm):
 def test_hierarchical_all_reduce_beats_recursive_doubling_on_the_whole_machine(ahbm):
     """Measured (ns): 7 KiB over 256 PEs: hier 917.2, tree 3260.0 (every CUBE's 8 PEs send
     their whole buffer over the same links between CUBEs in tree; hier sends an eighth)."""
-    hier = collective("all_reduce", group="all", nbytes=7 << 10, algo="hier", topology=ahbm)
-    tree = collective("all_reduce", group="all", nbytes=7 << 10, algo="tree", topology=ahbm)
+    hier = collective("all_reduce", group="all", nbytes=7 << 10, algo="hier", machine=ahbm)
+    tree = collective("all_reduce", group="all", nbytes=7 << 10, algo="tree", machine=ahbm)
     check_run(hier, "all_reduce", 256)
     assert hier.latency_ns < 0.5 * tree.latency_ns
-    assert collective("all_reduce", group="all", nbytes=7 << 10, topology=ahbm).algo == "hier"
+    assert collective("all_reduce", group="all", nbytes=7 << 10, machine=ahbm).algo == "hier"

@@ -73,9 +73,9 @@ def test_a_packet_whose_blocks_need_three_waits_falls_back_to_block_by_block(ahb
 @pytest.mark.parametrize("kind,algo", [("all_reduce", "hier"), ("reduce_scatter", "tree")])
 def test_coalescing_beats_block_by_block_and_keeps_the_bound_a_lower_bound(ahbm, kind, algo):
     """16 KiB over PEs 0-63; a packet of one block's bytes makes the kernel go block by block."""
-    run = collective(kind, group="0-63", nbytes=16 << 10, algo=algo, topology=ahbm)
+    run = collective(kind, group="0-63", nbytes=16 << 10, algo=algo, machine=ahbm)
     block = run.nbytes // schedule(kind, algo, make_grid(ahbm, run.pes)).blocks
-    single = collective(kind, group="0-63", nbytes=16 << 10, algo=algo, topology=ahbm, packet_bytes=block)
+    single = collective(kind, group="0-63", nbytes=16 << 10, algo=algo, machine=ahbm, packet_bytes=block)
     assert run.packet_bytes > block and single.packet_bytes == block
     assert run.pct_bound <= 100.5 and single.pct_bound <= 100.5
     assert run.latency_ns < 0.9 * single.latency_ns

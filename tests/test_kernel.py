@@ -57,5 +57,5 @@ def test_bad_groups_and_ops_are_named(ahbm):
         build(lambda ctx: None, [1, 1], ahbm)
     with pytest.raises(ValueError, match="PE 999 is outside"):
         build(lambda ctx: None, [999], ahbm)
-    with pytest.raises(ValueError, match="unknown math op 'tanh'"):
+    with pytest.raises(ValueError, match="no cost for op 'tanh'"):
         build(lambda ctx: ctx.math("tanh", 10), [0], ahbm)

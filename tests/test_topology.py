@@ -70,7 +70,7 @@ def test_edge_and_node_attributes(ahbm):
 def test_summary(ahbm):
     s = ahbm.summary()
     assert s["pes"] == 256
-    assert s["peak_tflops_f16"] == 2048
+    assert s["peak_tflops"] == {"f16": 2048, "bf16": 2048, "fp32": 512}
     assert s["hbm_gbps_total"] == 32 * 1024
     assert s["hbm_channels"] == 2048
 

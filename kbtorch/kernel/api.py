@@ -22,9 +22,6 @@ from ..sim.simulator import RunResult, Simulator
 from ..sim import symmetry
 from .buffers import Buf, TcmArena
 
-MATH_FLOPS_PER_ELEMENT = {"add": 1, "mul": 1, "max": 1, "exp": 4, "silu": 5, "gelu": 8, "rsqrt": 4, "div": 1}
-
-
 def _waits(items) -> tuple:
     return tuple(Wait(x) if isinstance(x, str) else x for x in ((items,) if isinstance(items, (str, Wait)) else items))
 
@@ -87,10 +84,9 @@ class PEContext:
                                  signals=_signals(signal), label=label))
 
     def math(self, op: str, elements: int, dtype: str = "f16", *, wait=(), signal=(), label=None):
-        """A vector op over ``elements`` on the MATH engine."""
-        if op not in MATH_FLOPS_PER_ELEMENT:
-            raise ValueError(f"kernel '{self.kernel}': unknown math op '{op}' (known: {', '.join(MATH_FLOPS_PER_ELEMENT)})")
-        return self._add(Compute(MATH_FLOPS_PER_ELEMENT[op] * elements, engine="math", dtype=dtype,
+        """A vector op over ``elements`` on the MATH engine, at the machine's cost per element."""
+        flops = self.machine.math_flops(op, self.pe) * elements
+        return self._add(Compute(flops, engine="math", dtype=dtype,
                                  waits=_waits(wait), signals=_signals(signal), label=label or f"math {op}"))
 
     def send(self, dst_pe: int, sem: str, *, nbytes: int = 0, wait=(), signal=(), label=None):
@@ -124,11 +120,17 @@ def build(kernel, pes, machine, *args, name: str | None = None) -> dict:
 
 def launch(kernel, pes, machine, *args, mode: str = "fast", trace: bool = False, name: str | None = None,
            symmetric: bool | None = None) -> RunResult:
-    """Build ``kernel``'s programs on ``pes`` and simulate them; -> RunResult.
+    """Build ``kernel``'s programs on ``pes`` and simulate them (``run_programs``); -> RunResult."""
+    return run_programs(build(kernel, pes, machine, *args, name=name), machine, mode=mode, trace=trace,
+                        symmetric=symmetric)
+
+
+def run_programs(programs: dict, machine, *, mode: str = "fast", trace: bool = False,
+                 symmetric: bool | None = None) -> RunResult:
+    """Simulate built programs ``{pe: [commands]}`` on a fresh simulator; -> RunResult.
 
     ``symmetric`` (default: on unless ``trace``) simulates one representative of each class
     of identical independent units (``sim.symmetry``): same latency and counters, fewer events."""
-    programs = build(kernel, pes, machine, *args, name=name)
     if not (not trace if symmetric is None else symmetric):
         return Simulator(machine, mode=mode, trace=trace).run(programs)
     red = symmetry.reduce(machine, programs)

@@ -33,11 +33,10 @@ import torch
 
 from ..kernel import launch
 from ..sim.simulator import RunResult
-from ..topology import load_machine
 from . import attention_kernel as ak
-from .attention_plan import (ACC_BYTES, DTYPES, AttentionShape, AttentionTiling, decode_plan, prefill_plan)
+from .attention_plan import ACC_BYTES, AttentionShape, AttentionTiling, decode_plan, prefill_plan
+from .contract import DTYPES, OpFamily, OpRun, Param, as_machine, dtype_of, register
 
-TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 DECODE_MAX_LQ = 16
 BR_CHOICES = (4, 8, 16, 32, 64, 128, 256)
 MAX_ROWS = 512
@@ -48,45 +47,14 @@ MIN_SPLIT_KEYS = 16
 HOP_NS = 30.0
 
 
-@dataclass
-class AttentionRun:
-    """A simulated attention: kind, shape, tiling, PEs used, figures and the output."""
+@dataclass(kw_only=True)
+class AttentionRun(OpRun):
+    """A simulated attention: kind (prefill or decode), shape, tiling and the output."""
 
     kind: str
     shape: AttentionShape
     tiling: AttentionTiling
-    pes: list
-    result: RunResult
-    flops: int
-    analytic_ns: float
-    bound_ns: float
-    peak_tflops: float
-    hbm_gbps_peak: float
     out: torch.Tensor | None = field(default=None, repr=False)
-
-    @property
-    def plan(self) -> str:
-        return f"{self.kind} on {len(self.pes)} PEs: {self.tiling.describe()}"
-
-    @property
-    def latency_ns(self) -> float:
-        return self.result.latency_ns
-
-    @property
-    def tflops(self) -> float:
-        return self.flops / self.latency_ns / 1000
-
-    @property
-    def pct_peak(self) -> float:
-        return 100 * self.tflops / self.peak_tflops
-
-    @property
-    def hbm_bytes(self) -> int:
-        return sum(s["bursts"] for s in self.result.stats["memories"].values()) * 256
-
-    @property
-    def pct_hbm(self) -> float:
-        return 100 * self.hbm_bytes / self.latency_ns / self.hbm_gbps_peak
 
 
 def _shape_of(q, k, v, shape, dtype) -> tuple[AttentionShape, bool]:
@@ -97,18 +65,13 @@ def _shape_of(q, k, v, shape, dtype) -> tuple[AttentionShape, bool]:
                              "for a timing-only run")
         if len(shape) != 6 or not all(isinstance(x, int) and x >= 1 for x in shape):
             raise ValueError(f"attention: shape {shape!r} must be six positive ints (B, Hq, Hkv, Lq, Lk, D)")
-        dtype = dtype or "f16"
-        if dtype not in DTYPES:
-            raise ValueError(f"attention: unknown dtype '{dtype}' (expected one of {', '.join(DTYPES)})")
-        return AttentionShape(*shape, dtype=dtype), True
+        return AttentionShape(*shape, dtype=dtype_of(dtype or "f16", "attention").name), True
     if shape is not None:
         raise ValueError("attention: give either tensors or shape=, not both")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"attention: {name} must be a 4-d tensor [B, H, L, D], got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-    if q.dtype not in TORCH_DTYPES.values():
-        raise ValueError(f"attention: q dtype {q.dtype} is not one of {', '.join(map(str, TORCH_DTYPES.values()))}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"attention: dtype mismatch: q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if v.shape != k.shape:
@@ -119,7 +82,7 @@ def _shape_of(q, k, v, shape, dtype) -> tuple[AttentionShape, bool]:
                          "(batch and head dim must agree)")
     if min(b, hq, hkv, lq, lk, d) < 1:
         raise ValueError(f"attention: empty dimension in q {tuple(q.shape)} or k {tuple(k.shape)}")
-    name = next(n for n, t in TORCH_DTYPES.items() if t == q.dtype)
+    name = dtype_of(q, "attention").name
     if dtype is not None and dtype != name:
         raise ValueError(f"attention: dtype='{dtype}' but the tensors are {q.dtype}")
     return AttentionShape(b, hq, hkv, lq, lk, d, dtype=name), False
@@ -132,14 +95,9 @@ def _plan(machine, shape: AttentionShape, tiling: AttentionTiling, pes: list) ->
 
 
 def _fits(machine, shape, works) -> bool:
-    cap = _tcm_capacity(machine, works[0].pe)
+    cap = machine.capacity("tcm", works[0].pe)
     unique = {_signature(w): w for w in works}
     return all(ak.Layout(w, shape).tcm_bytes() <= cap for w in unique.values())
-
-
-def _tcm_capacity(machine, pe: int) -> int:
-    p = machine.node(machine.pes[pe].node("tcm"))["params"]
-    return int((p.get("capacity_mib", 16) - p.get("scratch_mib", 1)) * 2**20)
 
 
 def candidates(shape: AttentionShape, pes: list) -> list[AttentionTiling]:
@@ -166,7 +124,7 @@ def auto_tiling(machine, shape: AttentionShape, pes: list) -> AttentionTiling:
             best = (ns, tiling)
     if best is None:
         raise ValueError(f"attention: head dim D={shape.d} ({shape.group} query heads per kv head, {shape.dtype}) "
-                         f"is too large for the TCM ({_tcm_capacity(machine, pes[0]) // 2**20} MiB per PE)")
+                         f"is too large for the TCM ({machine.capacity('tcm', pes[0]) // 2**20} MiB per PE)")
     return best[1]
 
 
@@ -203,8 +161,8 @@ def _read_bytes(w, shape: AttentionShape) -> int:
 def _pe_estimate(machine, shape, w, own: float, up: float, ctrl_bytes: int) -> tuple[float, float]:
     """(estimate, bound) of one PE: its HBM share is its part of its controller's bytes."""
     g, info, eb, d = machine.graph, machine.pes[w.pe], shape.eb, shape.d
-    gemm = g.nodes[info.node("gemm")]["params"]["tflops"][shape.dtype] * 1000      # flop/ns
-    vec = g.nodes[info.node("math")]["params"]["tflops"]["fp32"] * 1000
+    gemm = machine.engine_tflops(w.pe, "gemm", DTYPES[shape.dtype].rate) * 1000      # flop/ns
+    vec = machine.engine_tflops(w.pe, "math", "fp32") * 1000
     tcm = g.edges[info.node("tcm"), info.node("gemm")]["bw_gbps"]
     port = g.edges[next(iter(g.predecessors(info.node("dma_rd")))), info.node("dma_rd")]["bw_gbps"]
     m = shape.group * max(it.positions for it in w.items)
@@ -308,16 +266,11 @@ def _normal(part, dtype) -> torch.Tensor:
     return (o / total[..., None]).to(dtype)
 
 
-def _peaks(machine, pes: list, dtype: str) -> tuple[float, float]:
-    g = machine.graph
-    return sum(g.nodes[machine.pes[p].node("gemm")]["params"]["tflops"][dtype] for p in pes), machine.hbm_gbps(pes)
-
-
-def attention(q=None, k=None, v=None, *, shape=None, is_causal=False, scale=None, dtype=None, machine="ahbm",
+def attention(q=None, k=None, v=None, *, shape=None, is_causal=False, scale=None, dtype=None, machine=None,
               pes=None, mode="fast", tiling=None, trace=False) -> AttentionRun:
     """Simulate ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=..., enable_gqa=True)``
     (tensors), or a timing-only run of ``shape=(B, Hq, Hkv, Lq, Lk, D)``; see the module doc."""
-    machine = load_machine(machine) if isinstance(machine, str) else machine
+    machine = as_machine(machine)
     base, timing_only = _shape_of(q, k, v, shape, dtype)
     if base.hq % base.hkv:
         raise ValueError(f"attention: Hq={base.hq} query heads are not a multiple of Hkv={base.hkv} kv heads")
@@ -329,12 +282,34 @@ def attention(q=None, k=None, v=None, *, shape=None, is_causal=False, scale=None
     kind, works = _plan(machine, sh, tiling, pes)
     if not _fits(machine, sh, works):
         raise ValueError(f"attention: tiling ({tiling.describe()}) with D={sh.d} does not fit the TCM "
-                         f"({_tcm_capacity(machine, pes[0]) // 2**20} MiB per PE)")
+                         f"({machine.capacity('tcm', pes[0]) // 2**20} MiB per PE)")
     used = [w.pe for w in works]
     result = launch(ak.attention_kernel, used, machine, {w.pe: w for w in works}, sh, mode=mode, trace=trace,
                     name=f"attention {kind}")
     scale = 1 / math.sqrt(sh.d) if scale is None else float(scale)
     out = None if timing_only else numeric(q, k, v, sh, works, scale)
     ns, bound = estimate(machine, sh, works)
-    tflops, hbm = _peaks(machine, used, sh.dtype)
-    return AttentionRun(kind, sh, tiling, used, result, 4 * sh.b * sh.hq * sh.scores * sh.d, ns, bound, tflops, hbm, out)
+    return AttentionRun(op=f"attention {kind}", machine=machine, result=result, pes=tuple(used), dtype=sh.dtype,
+                        flops=4 * sh.b * sh.hq * sh.scores * sh.d, analytic_ps=round(ns * 1000),
+                        bound_ps=round(bound * 1000), plan=f"{kind} on {len(used)} PEs: {tiling.describe()}",
+                        kind=kind, shape=sh, tiling=tiling, out=out)
+
+
+def reference(q, k, v, is_causal: bool = False, scale=None) -> torch.Tensor:
+    """The definition of the numerics: torch's SDPA (GQA heads repeated), in fp32, cast back."""
+    import torch.nn.functional as F
+    out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=is_causal, scale=scale,
+                                         enable_gqa=True)
+    return out.to(q.dtype)
+
+
+def _timing(machine=None, b=1, hq=1, hkv=1, lq=1, lk=1, d=128, causal=False, **kw) -> AttentionRun:
+    return attention(shape=(b, hq, hkv, lq, lk, d), is_causal=causal, machine=machine, **kw)
+
+
+register(OpFamily("attention", _timing, reference, (
+    Param("b", "int", 1, "batch"), Param("hq", "int", required=True, help="query heads"),
+    Param("hkv", "int", required=True, help="key/value heads"), Param("lq", "int", required=True, help="query length"),
+    Param("lk", "int", required=True, help="key length"), Param("d", "int", 128, "head dimension"),
+    Param("causal", "flag", False, "causal mask"), Param("dtype", "dtype", "f16"), Param("pes", "pes")),
+    help="fused attention: FlashAttention-style prefill, split-KV decode"))

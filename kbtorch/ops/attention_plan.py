@@ -36,7 +36,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-DTYPES = {"f16": 2, "bf16": 2, "fp32": 4}
+from .contract import DTYPES
+
 ACC_BYTES = 4
 #: Grouped dealing (identical groups) is kept if its busiest PE has at most this much more work.
 GROUPED_SLACK = 1.02
@@ -61,7 +62,7 @@ class AttentionShape:
 
     @property
     def eb(self) -> int:
-        return DTYPES[self.dtype]
+        return DTYPES[self.dtype].bytes
 
     def visible(self, pos: int) -> int:
         """Keys query position ``pos`` attends to (a prefix of the keys)."""

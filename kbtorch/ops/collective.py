@@ -15,20 +15,20 @@ to this group and payload.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
 from ..sim.engine import paused_gc
 from ..sim.network import MODES
-from ..sim.simulator import RunResult, Simulator
-from ..topology import load_machine
+from ..kernel import run_programs
+from .contract import DTYPES, OpFamily, OpRun, Param, as_machine, dtype_of, register
 from . import collective_model as model
 from .collective_group import make_grid, resolve_group
 from .collective_kernel import CollectiveKernel
 from .collective_layout import largest_xfer_blocks, packet_size
 from .collective_plan import ALGOS, KINDS, OPS, CollectiveError, reference, schedule
 
-DTYPES = {"f16": (torch.float16, 2), "bf16": (torch.bfloat16, 2), "fp32": (torch.float32, 4)}
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
               "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
 #: Above this many bytes moved in all (nbytes x members x 3), ``mode="auto"`` runs coarse.
@@ -36,30 +36,30 @@ COARSE_BYTES = 4 * 2**30
 DIRECT_MAX = 32
 
 
-@dataclass
-class CollectiveRun:
-    """A simulated collective: latency, bandwidths, the models beside it, the outputs."""
+@dataclass(kw_only=True)
+class CollectiveRun(OpRun):
+    """A simulated collective: the algorithm, bandwidths, the models beside it, the outputs.
+    ``op`` is the collective (``all_reduce`` ...), ``reduction`` its reduction op."""
 
-    kind: str
     algo: str
-    op: str
-    pes: tuple
+    reduction: str
     nbytes: int
-    dtype: str
     mode: str
-    result: RunResult
-    bound_ps: int
     startup_ps: int
-    bottleneck: str
-    analytic_ps: int
+    limiter: str
     candidates: dict = field(default_factory=dict)
     root: int = 0
     packet_bytes: int = 0
     outputs: list | None = field(default=None, repr=False)
 
     @property
-    def latency_ns(self) -> float:
-        return self.result.latency_ns
+    def kind(self) -> str:
+        return self.op
+
+    @property
+    def bottleneck(self) -> str:
+        """``startup`` or the busiest resource of the bound (not the attribution's largest kind)."""
+        return self.limiter
 
     @property
     def algbw_gbps(self) -> float:
@@ -69,13 +69,9 @@ class CollectiveRun:
     def busbw_gbps(self) -> float:
         return self.algbw_gbps * BUS_FACTOR[self.kind](len(self.pes))
 
-    @property
-    def pct_bound(self) -> float:
-        return 100 * self.bound_ps / self.result.latency_ps
-
     def as_dict(self) -> dict:
         return {"collective": self.kind, "algo": self.algo, "members": len(self.pes),
-                "op": self.op if self.kind in ("all_reduce", "reduce_scatter") else None,
+                "op": self.reduction if self.kind in ("all_reduce", "reduce_scatter") else None,
                 "root": self.root if self.kind == "broadcast" else None, "packet_bytes": self.packet_bytes,
                 "bytes": self.nbytes, "dtype": self.dtype, "mode": self.mode,
                 "latency_ns": self.latency_ns, "algbw_gbps": self.algbw_gbps, "busbw_gbps": self.busbw_gbps,
@@ -90,9 +86,10 @@ def _shards(kind: str, shards, n: int, nbytes, dtype):
     if shards is None:
         if nbytes is None or nbytes <= 0:
             raise CollectiveError("give shards, or nbytes > 0 for a timing-only run")
-        if dtype not in DTYPES:
-            raise CollectiveError(f"unknown dtype '{dtype}' (known: {', '.join(DTYPES)})")
-        return nbytes, dtype
+        try:
+            return nbytes, dtype_of(dtype, kind).name
+        except ValueError as exc:
+            raise CollectiveError(str(exc)) from None
     if len(shards) != n:
         raise CollectiveError(f"{kind}: {len(shards)} shards for a group of {n} members")
     first = shards[0]
@@ -100,11 +97,12 @@ def _shards(kind: str, shards, n: int, nbytes, dtype):
         if t.shape != first.shape or t.dtype != first.dtype:
             raise CollectiveError(f"{kind}: shard {i} is {tuple(t.shape)} {t.dtype}, shard 0 is "
                                   f"{tuple(first.shape)} {first.dtype}; all shards must match")
-    names = {v[0]: k for k, v in DTYPES.items()}
-    if first.dtype not in names:
-        raise CollectiveError(f"{kind}: dtype {first.dtype} is not supported (f16, bf16, fp32)")
+    try:
+        name = dtype_of(first, kind).name
+    except ValueError as exc:
+        raise CollectiveError(str(exc)) from None
     per = first.numel() * first.element_size() * (n if kind == "all_gather" else 1)
-    return per, names[first.dtype]
+    return per, name
 
 
 def estimates(kind: str, machine, grid, nbytes: int, eb: int, root: int = 0, packet_bytes: int | None = None) -> dict:
@@ -149,23 +147,24 @@ def _build(kind, algo, machine, grid, nbytes, eb, dtype, op, root, packet_bytes)
 
 
 def collective(kind: str, shards=None, *, group="all", algo: str = "auto", op: str = "sum", root: int = 0,
-               nbytes: int | None = None, dtype: str = "f16", topology="ahbm", packet_bytes: int | None = None,
+               nbytes: int | None = None, dtype: str = "f16", machine=None, packet_bytes: int | None = None,
                mode: str = "auto") -> CollectiveRun:
-    """Run collective ``kind`` on the simulator (and on ``shards`` with torch, if given)."""
+    """Run collective ``kind`` on the simulator (and on ``shards`` with torch, if given), on
+    ``machine`` (default: the current one, ``kbtorch.use``)."""
     with paused_gc():
-        return _collective(kind, shards, group, algo, op, root, nbytes, dtype, topology, packet_bytes, mode)
+        return _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode)
 
 
-def _collective(kind, shards, group, algo, op, root, nbytes, dtype, topology, packet_bytes, mode) -> CollectiveRun:
+def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode) -> CollectiveRun:
     if kind not in KINDS:
         raise CollectiveError(f"unknown collective '{kind}' (known: {', '.join(KINDS)})")
     if op not in OPS:
         raise CollectiveError(f"unknown reduction '{op}' (known: {', '.join(OPS)})")
-    machine = topology if hasattr(topology, "pes") else load_machine(topology)
+    machine = as_machine(machine)
     pes = resolve_group(machine, group)
     grid = make_grid(machine, pes)
     nbytes, dtype = _shards(kind, shards, len(pes), nbytes, dtype)
-    eb = DTYPES[dtype][1]
+    eb = DTYPES[dtype].bytes
     if not 0 <= root < len(pes):
         raise CollectiveError(f"broadcast root {root} is not a member rank (0..{len(pes) - 1})")
     if mode not in ("auto", *MODES):
@@ -188,25 +187,26 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, topology, pa
     _, _, algo, sched, kernel, programs, busy, startup = min(built)
     if mode == "auto":
         mode = "coarse" if 3 * nbytes * len(pes) > COARSE_BYTES else "fast"
-    result = Simulator(machine, mode=mode).run(programs)
+    result = run_programs(programs, machine, mode=mode)
     worst = max(busy, key=lambda r: (busy[r], model.describe(r)))
     bound = max(startup, busy[worst])
     analytic = cands[algo] if algo in cands else model.alpha_beta_ps(
         machine, sched, pes, nbytes // sched.blocks, kernel.packet_elems * eb)
     outputs = reference(sched, shards, op) if shards is not None else None
-    return CollectiveRun(kind, algo, op, pes, nbytes, dtype, mode, result, bound, startup,
-                         "startup" if startup >= busy[worst] else model.describe(worst), analytic, cands, root,
-                         kernel.packet_elems * eb, outputs)
+    return CollectiveRun(op=kind, machine=machine, result=result, pes=tuple(pes), dtype=dtype, analytic_ps=analytic,
+                         bound_ps=bound, plan=algo, algo=algo, reduction=op, nbytes=nbytes, mode=mode,
+                         startup_ps=startup, limiter="startup" if startup >= busy[worst] else model.describe(worst),
+                         candidates=cands, root=root, packet_bytes=kernel.packet_elems * eb, outputs=outputs)
 
 
-def concurrent(specs: list, *, topology="ahbm", mode: str = "fast") -> list[float]:
+def concurrent(specs: list, *, machine=None, mode: str = "fast") -> list[float]:
     """Run several collectives at the same time on one simulator; -> each one's finish (ns).
 
     ``specs``: dicts with ``kind``, ``group``, ``nbytes`` and optionally ``algo`` (not
     ``auto``), ``op``, ``dtype``, ``packet_bytes``. The groups must not share a PE (each
     PE's semaphores and buffers belong to one collective); they may share links, HBM
     controllers and routers, and then share their bandwidth."""
-    machine = topology if hasattr(topology, "pes") else load_machine(topology)
+    machine = as_machine(machine)
     programs: dict = {}
     groups = []
     for i, spec in enumerate(specs):
@@ -217,11 +217,11 @@ def concurrent(specs: list, *, topology="ahbm", mode: str = "fast") -> list[floa
         grid = make_grid(machine, pes)
         dtype = spec.get("dtype", "f16")
         sched = schedule(spec["kind"], spec.get("algo", "ring"), grid)
-        kernel = CollectiveKernel(machine, sched, grid, spec["nbytes"], DTYPES[dtype][1], dtype,
+        kernel = CollectiveKernel(machine, sched, grid, spec["nbytes"], DTYPES[dtype].bytes, dtype,
                                   spec.get("op", "sum"), spec.get("packet_bytes"))
         programs.update(kernel.programs())
         groups.append(pes)
-    result = Simulator(machine, mode=mode).run(programs)
+    result = run_programs(programs, machine, mode=mode)
     return [max(result.pe_finish_ps.get(pe, 0) for pe in pes) / 1000 for pes in groups]
 
 
@@ -257,3 +257,18 @@ def torch_reference(kind: str, shards: list, op: str = "sum", root: int = 0) -> 
         acc = OPS[op](acc, s.reshape(-1).float())
     acc = acc.to(shards[0].dtype)
     return [acc] * n if kind == "all_reduce" else list(acc.chunk(n))
+
+
+def _timing(kind: str):
+    def run(machine=None, nbytes=1 << 20, **kw) -> CollectiveRun:
+        return collective(kind, machine=machine, nbytes=nbytes, **kw)
+    return run
+
+
+for _kind in KINDS:
+    register(OpFamily(_kind, _timing(_kind), partial(torch_reference, _kind), (
+        Param("nbytes", "bytes", required=True, help="bytes per member (nccl-tests' count)"),
+        Param("group", "str", "all", "all, a topology level (cube, sip, cube:N) or a PE list"),
+        Param("algo", "str", "auto", choices=("auto", *ALGOS)), Param("op", "str", "sum", choices=tuple(OPS)),
+        Param("dtype", "dtype", "f16"), Param("mode", "str", "auto", choices=("auto", *MODES))),
+        help=f"collective {_kind}", cli="kbtorch.cli_collective:add_parser"))

@@ -11,8 +11,8 @@ rows of D). Timing only: the numbers come from torch in the caller.
 from __future__ import annotations
 
 from ..kernel import launch
-from ..kernel.api import MATH_FLOPS_PER_ELEMENT
 from ..sim.commands import Loc, Move
+from .contract import DTYPES, OpFamily, OpRun, Param, as_machine, register
 
 TILE_BYTES = 256 * 1024
 BUFFERS = 2
@@ -48,15 +48,31 @@ def elementwise_kernel(ctx, op: str, n: int, inputs: int, elem_bytes: int, dtype
                   writes=(Move(Loc(hbm, inputs * span), ob, ob),), buffers=BUFFERS, label=f"{op} x{tiles}", **engine)
 
 
-def elementwise(op: str, n: int, *, inputs: int = 2, dtype: str = "f16", elem_bytes: int = 2, pes=None,
-                machine, mode: str = "fast", flops_per_element: int | None = None, out_ratio: float = 1.0):
-    """Simulate ``op`` over ``n`` elements with ``inputs`` operands; -> RunResult."""
-    if flops_per_element is None and op not in MATH_FLOPS_PER_ELEMENT:
-        raise ValueError(f"elementwise: unknown op '{op}' (known: {', '.join(MATH_FLOPS_PER_ELEMENT)})")
+def elementwise(op: str, n: int, *, inputs: int = 2, dtype: str = "f16", elem_bytes: int | None = None, pes=None,
+                machine=None, mode: str = "fast", flops_per_element: int | None = None,
+                out_ratio: float = 1.0) -> OpRun:
+    """Simulate ``op`` over ``n`` elements with ``inputs`` operands; its MATH cost per element
+    is the machine's (``flops_per_element`` of the math engine) unless given."""
+    machine = as_machine(machine)
     if n < 1:
         raise ValueError(f"elementwise: {n} elements")
     group = list(range(len(machine.pes))) if pes is None else list(pes)
     group = group[:max(1, min(len(group), n))]
-    flops = MATH_FLOPS_PER_ELEMENT[op] if flops_per_element is None else flops_per_element
-    return launch(elementwise_kernel, group, machine, op, n, inputs, elem_bytes, dtype, flops, out_ratio,
-                  mode=mode, name=op)
+    flops = machine.math_flops(op, group[0]) if flops_per_element is None else flops_per_element
+    eb = DTYPES[dtype].bytes if elem_bytes is None else elem_bytes
+    result = launch(elementwise_kernel, group, machine, op, n, inputs, eb, dtype, flops, out_ratio, mode=mode, name=op)
+    return OpRun(op=f"elementwise {op}", machine=machine, result=result, pes=tuple(group), dtype=dtype,
+                 flops=flops * n, plan=f"{len(group)} PEs, {inputs} input(s)")
+
+
+def reference(op: str, *inputs):
+    """The definition of the numerics: the torch function of that name."""
+    import torch
+    return (getattr(torch, op, None) or getattr(torch.nn.functional, op))(*inputs)
+
+
+register(OpFamily("vector", lambda machine=None, op="add", n=1 << 20, **kw: elementwise(op, n, machine=machine, **kw),
+                  reference, (Param("op", "str", "add", "math op (the topology's flops_per_element names)"),
+                         Param("n", "int", required=True, help="elements"), Param("inputs", "int", 2, "operands"),
+                         Param("dtype", "dtype", "f16"), Param("pes", "pes")),
+                  help="elementwise vector op on the MATH engines"))

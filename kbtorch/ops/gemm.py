@@ -15,12 +15,11 @@ import torch
 
 from ..kernel import launch
 from ..sim.simulator import RunResult
-from ..topology import load_machine
+from .contract import DTYPES, OpFamily, OpRun, Param, as_machine, dtype_of, register
 from .gemm_kernel import gemm_kernel
 from .gemm_model import GemmEstimate, candidates, estimate
 from .gemm_plan import GemmTiling, check_shape, output_tiles, plan, steps
 
-TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 CONFIRM = 2
 CONFIRM_TILES = 4000
 
@@ -31,57 +30,21 @@ def _tiles(m: int, n: int, k: int, tiling: GemmTiling) -> int:
     return -(-m // tm) * -(-n // tn) * -(-k // tk)
 
 
-@dataclass
-class GemmRun:
+@dataclass(kw_only=True)
+class GemmRun(OpRun):
     """A simulated GEMM: the tiling, the latency and its analytic estimate, and C."""
 
     m: int
     n: int
     k: int
-    dtype: str
-    pes: list
     tiling: GemmTiling
     composite: bool
-    result: RunResult
     analytic: GemmEstimate
-    peak_tflops: float
-    hbm_gbps_peak: float
     c: torch.Tensor | None = field(default=None, repr=False)
 
     @property
-    def latency_ns(self) -> float:
-        return self.result.latency_ns
-
-    @property
-    def tflops(self) -> float:
-        return 2 * self.m * self.n * self.k / self.latency_ns / 1000
-
-    @property
-    def pct_peak(self) -> float:
-        return 100 * self.tflops / self.peak_tflops
-
-    @property
     def analytic_pct_peak(self) -> float:
-        return 100 * 2 * self.m * self.n * self.k / self.analytic.ns / 1000 / self.peak_tflops
-
-    @property
-    def hbm_bytes(self) -> int:
-        return sum(s["bursts"] for s in self.result.stats["memories"].values()) * 256
-
-    @property
-    def hbm_gbps(self) -> float:
-        return self.hbm_bytes / self.latency_ns
-
-    @property
-    def pct_hbm(self) -> float:
-        return 100 * self.hbm_gbps / self.hbm_gbps_peak
-
-
-def _peaks(machine, pes: list, dtype: str) -> tuple[float, float]:
-    """(f16-or-dtype TFLOP/s, HBM GB/s) peaks of the PEs used."""
-    g = machine.graph
-    tflops = sum(g.nodes[machine.pes[p].node("gemm")]["params"]["tflops"][dtype] for p in pes)
-    return tflops, machine.hbm_gbps(pes)
+        return 100 * self.flops / self.analytic.ns / 1000 / self.peak_tflops
 
 
 def simulate(machine, m, n, k, dtype, pes, tiling, composite=True, mode="fast", trace=False) -> RunResult:
@@ -126,19 +89,20 @@ def numeric(a: torch.Tensor, b: torch.Tensor, pes: list, tiling: GemmTiling) -> 
 
 
 def gemm(a=None, b=None, *, shape=None, dtype=None, pes=None, tiling=None, composite=True,
-         machine="ahbm", mode="fast", trace=False) -> GemmRun:
-    """Simulate ``a @ b`` (tensors), or a timing-only GEMM of ``shape=(M, N, K)``."""
-    machine = load_machine(machine) if isinstance(machine, str) else machine
+         machine=None, mode="fast", trace=False) -> GemmRun:
+    """Simulate ``a @ b`` (tensors), or a timing-only GEMM of ``shape=(M, N, K)``, on
+    ``machine`` (default: the current one, ``kbtorch.use``)."""
+    machine = as_machine(machine)
     if a is not None:
         if a.dim() != 2 or b is None or b.dim() != 2 or a.shape[1] != b.shape[0]:
             raise ValueError(f"gemm: shapes {tuple(a.shape)} and {tuple(b.shape) if b is not None else None} do not multiply")
-        if a.dtype != b.dtype or a.dtype not in TORCH_DTYPES.values():
-            raise ValueError(f"gemm: dtypes {a.dtype} and {b.dtype}: need two of {', '.join(map(str, TORCH_DTYPES.values()))}")
+        if a.dtype != b.dtype:
+            raise ValueError(f"gemm: dtypes {a.dtype} and {b.dtype} differ")
         (m, k), n = a.shape, b.shape[1]
-        dtype = next(name for name, t in TORCH_DTYPES.items() if t == a.dtype)
+        dtype = dtype_of(a, "gemm").name
     elif shape is not None:
         m, n, k = shape
-        dtype = dtype or "f16"
+        dtype = dtype_of(dtype or "f16", "gemm").name
     else:
         raise ValueError("gemm: give tensors a and b, or shape=(M, N, K) for a timing-only run")
     check_shape(m, n, k, dtype)
@@ -150,6 +114,21 @@ def gemm(a=None, b=None, *, shape=None, dtype=None, pes=None, tiling=None, compo
     used = pes[:need]
     result = simulate(machine, m, n, k, dtype, pes, tiling, composite, mode, trace)
     c = numeric(a, b, pes, tiling) if a is not None else None
-    tflops, hbm = _peaks(machine, used, dtype)
-    return GemmRun(m, n, k, dtype, used, tiling, composite, result,
-                   estimate(machine, m, n, k, dtype, pes, tiling), tflops, hbm, c)
+    est = estimate(machine, m, n, k, dtype, pes, tiling)
+    return GemmRun(op="gemm", machine=machine, result=result, pes=tuple(used), dtype=dtype, flops=2 * m * n * k,
+                   analytic_ps=round(est.ns * 1000), plan=tiling.describe(), m=m, n=n, k=k, tiling=tiling,
+                   composite=composite, analytic=est, c=c)
+
+
+def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The definition of the numerics: C = A @ B accumulated in fp32, cast to A's dtype."""
+    return (a.float() @ b.float()).to(a.dtype)
+
+
+register(OpFamily("gemm", lambda machine=None, m=1, n=1, k=1, **kw: gemm(shape=(m, n, k), machine=machine, **kw),
+                  reference, (Param("m", "int", required=True, help="rows of A and C"),
+                              Param("n", "int", required=True, help="columns of B and C"),
+                              Param("k", "int", required=True, help="columns of A, rows of B"),
+                              Param("dtype", "dtype", "f16"), Param("pes", "pes"),
+                              Param("composite", "flag", True, help="composite commands (off: individual ones)")),
+                  help="C[M,N] = A[M,K] @ B[K,N] on the PEs", cli="kbtorch.cli_gemm:add_parser"))

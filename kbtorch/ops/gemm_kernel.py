@@ -10,7 +10,8 @@ sums them on its MATH engine and writes C.
 from __future__ import annotations
 
 from ..sim.commands import Loc, Move, Wait
-from .gemm_plan import ACC_BYTES, DTYPES, GemmTiling, Shard, output_tiles, steps
+from .contract import DTYPES
+from .gemm_plan import ACC_BYTES, Block, GemmTiling, output_tiles, steps
 
 BUFFERS = 2
 
@@ -19,10 +20,10 @@ class Layout:
     """Byte offsets of a shard's blocked A panel, B panel and C block in its HBM slice, and
     of its TCM regions."""
 
-    def __init__(self, shard: Shard, tiling: GemmTiling, dtype: str):
+    def __init__(self, shard: Block, tiling: GemmTiling, dtype: str):
         mp, np_, kp = shard.shape
         tm, tn, tk = tiling.tile
-        self.eb, self.kp, self.np_ = DTYPES[dtype], kp, np_
+        self.eb, self.kp, self.np_ = DTYPES[dtype].bytes, kp, np_
         self.b0 = _align(mp * kp * self.eb)
         self.c0 = self.b0 + _align(kp * np_ * self.eb)
         rows, cols, depth = min(tm, mp), min(tn, np_), min(tk, kp)
@@ -72,7 +73,7 @@ def gemm_kernel(ctx, shards: dict, tiling: GemmTiling, dtype: str, composite: bo
         _reduce(ctx, shard, lay, dtype, owner)
 
 
-def _partial_loc(ctx, shard: Shard, lay: Layout, t: int, rows: int, cols: int, r: int, c: int):
+def _partial_loc(ctx, shard: Block, lay: Layout, t: int, rows: int, cols: int, r: int, c: int):
     peer = shard.peers.index(ctx.pe) - 1
     node = ctx.machine.pes[shard.owner].node("tcm")
     offset = (peer * lay.np_ * (shard.shape[0]) + r * lay.np_ + c * rows) * ACC_BYTES
@@ -135,7 +136,7 @@ def _chained_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, issued: in
     return issued
 
 
-def _reduce(ctx, shard: Shard, lay: Layout, dtype: str, owner: bool) -> None:
+def _reduce(ctx, shard: Block, lay: Layout, dtype: str, owner: bool) -> None:
     mp, np_, _ = shard.shape
     if not owner:
         ctx.send(shard.owner, "partial", wait="mine", label="partial ready")

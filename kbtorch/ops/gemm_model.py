@@ -17,7 +17,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .gemm_plan import ACC_BYTES, DTYPES, GemmTiling, plan
+from .contract import DTYPES
+from .gemm_plan import ACC_BYTES, GemmTiling, plan
 
 TILE_MN = (64, 128, 256, 512)
 TILE_K = (128, 256, 512, 1024, 2048)
@@ -63,7 +64,7 @@ def _round_trip_ns(machine, pe: int) -> float:
 def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: GemmTiling) -> GemmEstimate:
     """The ideal-pipeline latency of the GEMM under ``tiling``."""
     used = tuple(pes[: tiling.grid[0] * tiling.grid[1] * tiling.grid[2]])
-    eb = DTYPES[dtype]
+    eb = DTYPES[dtype].bytes
     issue = machine.issue.cmd_ps(104) / 1000 + 3
     worst = None
     for s, hbm, trip in _shard_classes(machine, m, n, k, used, tiling.grid):
@@ -99,7 +100,7 @@ def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, eb: int, hbm: float
     write, and the first issue."""
     g, info = machine.graph, machine.pes[s.pe]
     mp, np_, kp = s.shape
-    peak = g.nodes[info.node("gemm")]["params"]["tflops"][dtype] * 1000     # flop/ns
+    peak = machine.engine_tflops(s.pe, "gemm", DTYPES[dtype].rate) * 1000     # flop/ns
     tcm_gbps = g.edges[info.node("tcm"), info.node("gemm")]["bw_gbps"]
     tm, tn, tk = tiling.tile
     row_tiles, col_tiles = -(-mp // tm), -(-np_ // tn)
@@ -116,7 +117,7 @@ def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, eb: int, hbm: float
     if len(s.peers) > 1:
         # the other partials into the owner's TCM (through its one port), its IPCQ, the
         # sum on MATH (fp32), C out: three trips
-        math = g.nodes[info.node("math")]["params"]["tflops"]["fp32"] * 1000
+        math = machine.engine_tflops(s.pe, "math", "fp32") * 1000
         ingress = g.edges[next(iter(g.predecessors(info.node("dma_rd")))), info.node("dma_rd")]["bw_gbps"]
         others = len(s.peers) - 1
         overhead += others * mp * np_ * ACC_BYTES / ingress + others * mp * np_ / math + 3 * trip + 3 * issue
@@ -153,7 +154,7 @@ def _grids(p: int, m: int, n: int, k: int):
 
 def candidates(machine, m: int, n: int, k: int, dtype: str, pes: list):
     """(estimate, tiling) of every tiling that fits the TCM, best first."""
-    cap = _tcm_capacity(machine, pes[0])
+    cap = machine.capacity("tcm", pes[0])
     out = []
     for grid in _grids(len(pes), m, n, k):
         bm, bn, bk = -(-m // grid[0]), -(-n // grid[1]), -(-k // grid[2])
@@ -179,13 +180,8 @@ def rank(cands: list) -> list:
     return near + cands[len(near):]
 
 
-def _tcm_capacity(machine, pe: int) -> int:
-    p = machine.node(machine.pes[pe].node("tcm"))["params"]
-    return int((p.get("capacity_mib", 16) - p.get("scratch_mib", 1)) * 2**20)
-
-
 def _tcm_need(bm: int, bn: int, gk: int, tiling: GemmTiling, dtype: str) -> int:
     tm, tn, tk = tiling.tile
-    eb = DTYPES[dtype]
+    eb = DTYPES[dtype].bytes
     staging = 2 * ((tm * tk + tk * tn) * eb + tm * tn * ACC_BYTES)
     return staging + (gk * bm * bn * ACC_BYTES if gk > 1 else 0) + 4096

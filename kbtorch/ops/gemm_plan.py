@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DTYPES = {"f16": 2, "bf16": 2, "fp32": 4}
+from .contract import dtype_of
+
 ACC_BYTES = 4
 
 
@@ -34,7 +35,7 @@ class GemmTiling:
 
 
 @dataclass(frozen=True)
-class Shard:
+class Block:
     """One PE's part of a GEMM: its ranges, its K group and the owner of its output block."""
 
     pe: int
@@ -63,13 +64,12 @@ def steps(length: int, size: int) -> list[int]:
 
 
 def check_shape(m: int, n: int, k: int, dtype: str) -> None:
-    if dtype not in DTYPES:
-        raise ValueError(f"gemm: unknown dtype '{dtype}' (expected one of {', '.join(DTYPES)})")
+    dtype_of(dtype, "gemm")
     if min(m, n, k) < 1:
         raise ValueError(f"gemm: shape M={m} N={n} K={k} must be positive")
 
 
-def plan(m: int, n: int, k: int, pes: list, tiling: GemmTiling) -> list[Shard]:
+def plan(m: int, n: int, k: int, pes: list, tiling: GemmTiling) -> list[Block]:
     """The shards of every PE in ``pes`` (PEs without work get none)."""
     gm, gn, gk = tiling.grid
     if gm * gn * gk != len(pes):
@@ -84,11 +84,11 @@ def plan(m: int, n: int, k: int, pes: list, tiling: GemmTiling) -> list[Shard]:
             group = [pes[(a * gn + b) * gk + c] for c in range(gk)]
             for c in range(gk):
                 r = (a * gn + b) * gk + c
-                shards.append(Shard(pes[r], r, split(m, gm, a), split(n, gn, b), split(k, gk, c), tuple(group), group[0]))
+                shards.append(Block(pes[r], r, split(m, gm, a), split(n, gn, b), split(k, gk, c), tuple(group), group[0]))
     return shards
 
 
-def output_tiles(shard: Shard, tiling: GemmTiling) -> list[tuple[int, int, int, int]]:
+def output_tiles(shard: Block, tiling: GemmTiling) -> list[tuple[int, int, int, int]]:
     """``(row offset, rows, column offset, columns)`` of each output tile, inside the block."""
     mp, np_, _ = shard.shape
     tm, tn, _ = tiling.tile

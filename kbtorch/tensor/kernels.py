@@ -40,7 +40,7 @@ def vector(op: str, numel: int, *, placed=None, pes=None, shape=None, inputs: in
 def _vector(op, n, pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio):
     # NOTE: cached: the simulator is deterministic, so a layer repeated 28 times is simulated once.
     return elementwise(op, n, inputs=inputs, dtype=dtype, elem_bytes=elem_bytes, machine=machine(), pes=pes,
-                       flops_per_element=flops_per_element, out_ratio=out_ratio)
+                       flops_per_element=flops_per_element, out_ratio=out_ratio).result
 
 
 def mesh_pes(x) -> tuple | None:

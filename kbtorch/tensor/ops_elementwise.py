@@ -6,10 +6,8 @@ it when the result is replicated); placements follow ``sharding.elementwise_inpu
 """
 from __future__ import annotations
 
-
-from ..kernel.api import MATH_FLOPS_PER_ELEMENT
 from .dispatch import implements, same_device
-from .kernels import dtype_of, mesh_pes, record, vector, wrap
+from .kernels import dtype_of, machine, mesh_pes, record, vector, wrap
 from .sharding import elementwise_inputs, placement
 from .tensor import AhbmTensor, local
 
@@ -31,7 +29,7 @@ def _handler(func, args, kwargs):
         placed = placement(args[0])
     run = vector(MATH_OPS[base], out.numel(), placed=placed, pes=mesh_pes(tensors[0]), shape=tuple(out.shape),
                  inputs=len(tensors) or 1, dtype=dtype, elem_bytes=eb)
-    flops = MATH_FLOPS_PER_ELEMENT[MATH_OPS[base]] * out.numel()
+    flops = machine().math_flops(MATH_OPS[base]) * out.numel()
     record(f"aten::{name}", args, f"elementwise {MATH_OPS[base]}", run, flops)
     if name.endswith("_"):
         return args[0]

@@ -24,7 +24,7 @@ from ..kernel import launch
 from ..ops.gemm import gemm
 from ..ops.gemm_kernel import gemm_kernel
 from ..ops.gemm_model import candidates
-from ..ops.gemm_plan import Shard as GemmShard
+from ..ops.gemm_plan import Block as GemmShard
 from ..ops.gemm_plan import split
 from .dispatch import implements, same_device
 from .kernels import dtype_of, machine, mesh_pes, record, vector, wrap

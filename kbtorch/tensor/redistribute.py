@@ -70,10 +70,10 @@ def _timed(kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple[float, str
     """(latency ns, algorithm) of the collective on every line at once: one line takes the
     algorithm with the least estimate (``algo="auto"``), several run rings side by side."""
     if len(lines) == 1:
-        run = collective(kind, group=list(lines[0]), nbytes=nbytes, dtype=dtype, algo="auto", topology=machine())
+        run = collective(kind, group=list(lines[0]), nbytes=nbytes, dtype=dtype, algo="auto", machine=machine())
         return run.latency_ns, run.algo
     specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo="ring") for g in lines]
-    return max(concurrent(specs, topology=machine())), "ring"
+    return max(concurrent(specs, machine=machine())), "ring"
 
 
 def redistribute(x: AhbmTensor, placements) -> AhbmTensor:

@@ -15,6 +15,7 @@ from pathlib import Path
 import networkx as nx
 
 from .errors import TopologyError
+from .facts import MachineFacts
 from .loader import load_raw
 from .routing import Router
 
@@ -52,12 +53,19 @@ class PE:
         return self.roles[role]
 
 
+def _roles(nodes: dict, names: dict) -> dict:
+    """A PE's engines by role: ``pe_roles`` (``[machine]``) names the node of a role inside
+    the PE block where the node is not named after the role; two roles may share a node."""
+    return {**nodes, **{role: nodes[local] for role, local in names.items() if local in nodes}}
+
+
 def _ps(ns: float) -> int:
     return round(ns * 1000)
 
 
-class Machine:
-    """A topology compiled once into a frozen DiGraph; never mutated during a run."""
+class Machine(MachineFacts):
+    """A topology compiled once into a frozen DiGraph; never mutated during a run; the only
+    source of hardware facts (``MachineFacts``)."""
 
     def __init__(self, path: str):
         raw = load_raw(path)
@@ -72,8 +80,8 @@ class Machine:
             g.add_edge(u, v, flit_ps=max(1, round(self.flit_bytes * 1000 / attrs["bw_gbps"])),
                        prop_ps=_ps(attrs["prop_ns"]), **attrs)
         self.graph = nx.freeze(g)
-        self.pes = [PE(i, p["prefix"], p["roles"], p["coords"], p.get("hbm"), p.get("sram"))
-                    for i, p in enumerate(raw.pes)]
+        self.pes = [PE(i, p["prefix"], _roles(p["roles"], raw.machine.get("pe_roles", {})), p["coords"],
+                       p.get("hbm"), p.get("sram")) for i, p in enumerate(raw.pes)]
         for pe in self.pes:
             missing = [r for r in PE_ROLES if r not in pe.roles]
             if missing:
@@ -115,31 +123,6 @@ class Machine:
             raise TopologyError(self.path, "route", f"'{node}' (PE {g.nodes[node].get('pe')}) is disconnected: no link {'to' if way == 'out' else 'from'} the network")
         return transit[0]
 
-    def hbm_port(self, pe: int) -> tuple[str, float, float]:
-        """(controller, slice GB/s, controller uplink GB/s) of PE ``pe``'s HBM slice: the
-        slice delivers the lesser of its channels and its port; the controller's links to the
-        network are shared by all its slices."""
-        cache = self.__dict__.setdefault("_hbm_ports", {})
-        if pe not in cache:
-            cache[pe] = self._hbm_port(pe)
-        return cache[pe]
-
-    def _hbm_port(self, pe: int) -> tuple[str, float, float]:
-        g, hbm = self.graph, self.pes[pe].hbm
-        p = g.nodes[hbm]["params"]
-        ctrl = next(iter(g.successors(hbm)))
-        own = min(p.get("channels", 1) * p["channel_gbps"], g.edges[hbm, ctrl]["bw_gbps"])
-        up = sum(g.edges[ctrl, v]["bw_gbps"] for v in g.successors(ctrl) if g.nodes[v]["transit"])
-        return ctrl, own, up
-
-    def hbm_gbps(self, pes) -> float:
-        """Aggregate HBM bandwidth (GB/s) the slices of ``pes`` can deliver together."""
-        ctrls: dict = {}
-        for pe in pes:
-            ctrl, own, up = self.hbm_port(pe)
-            ctrls.setdefault(ctrl, [0.0, up])[0] += own
-        return sum(min(own, up) for own, up in ctrls.values())
-
     def route(self, src: str, dst: str) -> tuple[str, ...]:
         return self.router.route(src, dst)
 
@@ -156,18 +139,18 @@ class Machine:
             edges[d["kind"]] = edges.get(d["kind"], 0) + 1
             entry = links.setdefault(d["link"], {"kind": d["kind"], "bw_gbps": d["bw_gbps"], "prop_ns": d["prop_ns"], "edges": 0})
             entry["edges"] += 1
-        tflops = sum(g.nodes[pe.node("gemm")]["params"].get("tflops", {}).get("f16", 0.0) for pe in self.pes)
-        hbm = [d for _, d in g.nodes(data=True) if d["kind"] == "hbm"]
-        sram = [d for _, d in g.nodes(data=True) if d["kind"] == "sram"]
+        peaks = {dtype: self.peak_tflops(dtype) for dtype in self.dtypes()}
+        hbm = [n for n, d in g.nodes(data=True) if d["kind"] == "hbm"]
+        sram = [n for n, d in g.nodes(data=True) if d["kind"] == "sram"]
         hbm_gbps = self.hbm_gbps([pe.id for pe in self.pes if pe.hbm])
         return {
             "name": self.name, "path": self.path, "pes": len(self.pes),
             "nodes": len(g), "edges": g.number_of_edges(),
             "nodes_by_kind": dict(sorted(nodes.items())), "edges_by_kind": dict(sorted(edges.items())),
-            "peak_tflops_f16": tflops, "hbm_gbps_total": hbm_gbps,
-            "hbm_channels": sum(d["params"].get("channels", 0) for d in hbm),
-            "hbm_gib_total": sum(d["params"].get("capacity_gib", 0) for d in hbm),
-            "sram_mib_total": sum(d["params"].get("capacity_mib", 0) for d in sram),
+            "peak_tflops": peaks, "hbm_gbps_total": hbm_gbps,
+            "hbm_channels": sum(g.nodes[n]["params"].get("channels", 0) for n in hbm),
+            "hbm_gib_total": sum(self.node_capacity(n) for n in hbm) / 2**30,
+            "sram_mib_total": sum(self.node_capacity(n) for n in sram) / 2**20,
             "links": dict(sorted(links.items())),
         }
 

@@ -1,0 +1,188 @@
+"""The one contract of every op family: dtypes, machine resolution, result and registry.
+
+A family (GEMM, collectives, attention, vector ops) supplies a plan, a tile kernel, an
+analytic estimate and a torch reference, runs its kernel through ``kernel.launch`` and
+returns an :class:`OpRun`; it registers an :class:`OpFamily` (``register``) so that the
+command line and design-space sweeps find it by name, with its parameters as data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..sim.simulator import RunResult
+from ..topology import as_machine
+
+__all__ = ["DType", "DTYPES", "dtype_of", "as_machine", "OpRun", "Param", "OpFamily", "register", "family",
+           "families"]
+
+
+@dataclass(frozen=True)
+class DType:
+    """An element type: its name in topology files and commands, torch dtype, bytes, and the
+    name of the peak it runs at (``rate``: both fp8 formats run at the ``fp8`` peak)."""
+
+    name: str
+    torch: torch.dtype
+    bytes: int
+    rate: str
+
+
+DTYPES = {d.name: d for d in (
+    DType("f16", torch.float16, 2, "f16"), DType("bf16", torch.bfloat16, 2, "bf16"),
+    DType("fp32", torch.float32, 4, "fp32"), DType("fp8_e4m3", torch.float8_e4m3fn, 1, "fp8"),
+    DType("fp8_e5m2", torch.float8_e5m2, 1, "fp8"))}
+_BY_TORCH = {d.torch: d for d in DTYPES.values()}
+
+
+def dtype_of(x, op: str = "kbtorch") -> DType:
+    """The DType of a name, a torch dtype or a tensor; ValueError names the op and the type."""
+    t = x.dtype if isinstance(x, torch.Tensor) else x
+    found = _BY_TORCH.get(t) if isinstance(t, torch.dtype) else DTYPES.get(t)
+    if found is None:
+        what = f"unknown dtype '{t}'" if isinstance(t, str) else f"dtype {t} is not supported"
+        raise ValueError(f"{op}: {what} (supported: {', '.join(DTYPES)})")
+    return found
+
+
+@dataclass(kw_only=True)
+class OpRun:
+    """One simulated op: its latency and where it went, work done, and the models beside it.
+
+    ``flops`` is the op's arithmetic; memory bytes come from the simulator's own burst counts
+    (``mem_bytes``); ``analytic_ps`` is the family's estimate and ``bound_ps`` a lower bound
+    (None where the family has none); ``plan`` describes the tiling or algorithm chosen."""
+
+    op: str
+    machine: object = field(repr=False)
+    result: RunResult = field(repr=False)
+    pes: tuple
+    dtype: str
+    flops: int = 0
+    analytic_ps: int | None = None
+    bound_ps: int | None = None
+    plan: str = ""
+
+    @property
+    def latency_ps(self) -> int:
+        return self.result.latency_ps
+
+    @property
+    def latency_ns(self) -> float:
+        return self.result.latency_ns
+
+    def breakdown(self) -> dict:
+        return self.result.breakdown()
+
+    @property
+    def bottleneck(self) -> str:
+        """The component kind holding most of the latency."""
+        parts = self.breakdown()
+        return max(parts, key=lambda k: (parts[k], k)) if parts else ""
+
+    def mem_bytes(self, kind: str | None = "hbm") -> int:
+        """Bytes the memories of ``kind`` (None: every memory) served, from their burst counts."""
+        g = self.machine.graph
+        return sum(s["bursts"] * self.machine.burst_bytes(n) for n, s in self.result.stats["memories"].items()
+                   if kind is None or g.nodes[n]["kind"] == kind)
+
+    @property
+    def hbm_bytes(self) -> int:
+        return self.mem_bytes("hbm")
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.latency_ns / 1000 if self.latency_ns else 0.0
+
+    @property
+    def peak_tflops(self) -> float:
+        """The summed GEMM peak of the PEs used for this op's dtype."""
+        return self.machine.peak_tflops(DTYPES[self.dtype].rate, self.pes)
+
+    @property
+    def pct_peak(self) -> float:
+        return 100 * self.tflops / self.peak_tflops
+
+    @property
+    def hbm_gbps_peak(self) -> float:
+        return self.machine.hbm_gbps(self.pes)
+
+    @property
+    def hbm_gbps(self) -> float:
+        return self.hbm_bytes / self.latency_ns if self.latency_ns else 0.0
+
+    @property
+    def pct_hbm(self) -> float:
+        return 100 * self.hbm_gbps / self.hbm_gbps_peak
+
+    @property
+    def pct_bound(self) -> float | None:
+        return 100 * self.bound_ps / self.latency_ps if self.bound_ps and self.latency_ps else None
+
+    @property
+    def bound_ns(self) -> float | None:
+        return None if self.bound_ps is None else self.bound_ps / 1000
+
+    @property
+    def analytic_ns(self) -> float | None:
+        return None if self.analytic_ps is None else self.analytic_ps / 1000
+
+    def summary(self) -> dict:
+        """The figures every family reports (JSON-ready)."""
+        return {"op": self.op, "plan": self.plan, "dtype": self.dtype, "pes": len(self.pes),
+                "latency_ns": self.latency_ns, "flops": self.flops, "tflops": self.tflops,
+                "hbm_bytes": self.hbm_bytes, "bottleneck": self.bottleneck, "analytic_ns": self.analytic_ns,
+                "bound_ns": self.bound_ns,
+                "events": self.result.events, "wall_s": self.result.wall_s}
+
+
+@dataclass(frozen=True)
+class Param:
+    """A parameter of a family's timing-only run, as the command line and sweeps give it:
+    ``kind`` is ``int``, ``bytes``, ``float``, ``str``, ``pes``, ``dtype``, ``shape`` (ints
+    separated by commas) or ``flag``; ``choices`` limits a ``str``."""
+
+    name: str
+    kind: str
+    default: object = None
+    help: str = ""
+    choices: tuple = ()
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class OpFamily:
+    """A registered op family: ``run(machine=..., **params) -> OpRun`` (timing only),
+    ``reference`` (the torch definition of its numerics), its parameters, and optionally a
+    command-line module (``cli``: ``module:function(subparsers, parents)``) that replaces
+    the generic ``kbtorch bench NAME``."""
+
+    name: str
+    run: Callable[..., OpRun]
+    reference: Callable
+    params: tuple = ()
+    help: str = ""
+    cli: str | None = None
+
+
+_FAMILIES: dict[str, OpFamily] = {}
+
+
+def register(fam: OpFamily) -> OpFamily:
+    if fam.name in _FAMILIES:
+        raise ValueError(f"op family '{fam.name}' is registered twice")
+    _FAMILIES[fam.name] = fam
+    return fam
+
+
+def family(name: str) -> OpFamily:
+    if name not in _FAMILIES:
+        raise ValueError(f"unknown op family '{name}' (known: {', '.join(sorted(_FAMILIES))})")
+    return _FAMILIES[name]
+
+
+def families() -> list[OpFamily]:
+    """Every registered family, in registration order."""
+    return list(_FAMILIES.values())

@@ -1,0 +1,112 @@
+"""Hardware facts asked of a compiled machine: peaks, op costs, memories and capacities.
+
+Everything here is read from the topology file (the component parameters on the graph's
+nodes); no number describing hardware lives in code outside ``topology/`` and the files.
+``MachineFacts`` is a mixin of :class:`~kbtorch.topology.machine.Machine` and needs its
+``graph``, ``pes``, ``name`` and ``path``.
+"""
+from __future__ import annotations
+
+import functools
+
+#: Memory levels a PE addresses: its HBM (a slice of its own, or a memory shared by a
+#: cluster or the whole die), the shared SRAM, and its TCM.
+LEVELS = ("hbm", "sram", "tcm")
+_MIB, _GIB = 1 << 20, 1 << 30
+
+
+class MachineFacts:
+    """Peaks per dtype, MATH costs, memory levels with capacities and burst sizes."""
+
+    def engine_params(self, pe: int, role: str) -> dict:
+        """The parameters of PE ``pe``'s engine that plays ``role`` (``gemm``, ``math``, ...)."""
+        return self.graph.nodes[self.pes[pe].node(role)]["params"]
+
+    def engine_tflops(self, pe: int, role: str, dtype: str) -> float:
+        """TFLOP/s of one engine for ``dtype``; a ValueError names the dtypes it has."""
+        rates = self.engine_params(pe, role).get("tflops", {})
+        if dtype not in rates:
+            raise ValueError(f"topology '{self.name}': the {role} engine of PE {pe} has no peak for dtype "
+                             f"'{dtype}' (it has: {', '.join(rates) or 'none'})")
+        return float(rates[dtype])
+
+    def peak_tflops(self, dtype: str, pes=None, role: str = "gemm") -> float:
+        """Summed TFLOP/s of the ``role`` engines of ``pes`` (default: every PE) for ``dtype``."""
+        pes = range(len(self.pes)) if pes is None else pes
+        return sum(self.engine_tflops(p, role, dtype) for p in pes)
+
+    def dtypes(self, role: str = "gemm", pe: int = 0) -> tuple:
+        """The dtypes an engine role has a peak for."""
+        return tuple(self.engine_params(pe, role).get("tflops", {}))
+
+    def math_flops(self, op: str, pe: int = 0) -> int:
+        """FLOPs the MATH engine spends per element of vector op ``op`` (``flops_per_element``)."""
+        table = self.engine_params(pe, "math").get("flops_per_element", {})
+        if op not in table:
+            raise ValueError(f"topology '{self.name}': the math engine has no cost for op '{op}' "
+                             f"(flops_per_element has: {', '.join(table) or 'nothing'})")
+        return int(table[op])
+
+    def math_ops(self, pe: int = 0) -> tuple:
+        return tuple(self.engine_params(pe, "math").get("flops_per_element", {}))
+
+    def memory(self, pe: int, level: str) -> str | None:
+        """The memory node PE ``pe`` addresses at ``level`` (None if it has none there)."""
+        if level not in LEVELS:
+            raise ValueError(f"unknown memory level '{level}' (expected one of {', '.join(LEVELS)})")
+        info = self.pes[pe]
+        return info.node("tcm") if level == "tcm" else getattr(info, level)
+
+    def capacity(self, level: str, pe: int = 0) -> int:
+        """Allocatable bytes of PE ``pe``'s memory at ``level`` (a TCM less its kernel scratch)."""
+        node = self.memory(pe, level)
+        if node is None:
+            raise ValueError(f"topology '{self.name}': PE {pe} has no {level}")
+        return self.node_capacity(node)
+
+    @functools.cache
+    def node_capacity(self, node: str) -> int:
+        """Allocatable bytes of memory node ``node``: ``capacity_gib``/``capacity_mib`` less ``scratch_mib``."""
+        p = self.graph.nodes[node]["params"]
+        if "capacity_gib" in p:
+            total = round(p["capacity_gib"] * _GIB)
+        elif "capacity_mib" in p:
+            total = round(p["capacity_mib"] * _MIB)
+        else:
+            raise ValueError(f"topology '{self.name}': memory node '{node}' declares no capacity_gib or capacity_mib")
+        return total - round(p.get("scratch_mib", 0) * _MIB)
+
+    def burst_bytes(self, node: str) -> int:
+        """Bytes of one access burst of memory node ``node`` (its interleaving granule)."""
+        return int(self.graph.nodes[node]["params"]["burst_bytes"])
+
+    @functools.cache
+    def sharers(self, node: str) -> tuple:
+        """The PEs whose HBM or SRAM is memory node ``node``."""
+        return tuple(pe.id for pe in self.pes if node in (pe.hbm, pe.sram))
+
+    @functools.cache
+    def hbm_port(self, pe: int) -> tuple[str, float, float]:
+        """(controller, memory GB/s, controller uplink GB/s) of PE ``pe``'s HBM.
+
+        The memory delivers the lesser of its channels and its port links; the controller is
+        the transit node those links reach (a memory on the network directly is its own
+        controller), and its links onward are shared by every memory behind it."""
+        g, hbm = self.graph, self.pes[pe].hbm
+        p = g.nodes[hbm]["params"]
+        port = sum(d["bw_gbps"] for _, _, d in g.out_edges(hbm, data=True))
+        own = min(p.get("channels", 1) * p["channel_gbps"], port)
+        ctrl = next(iter(g.successors(hbm)))
+        if g.nodes[ctrl]["kind"] != "hbm_ctrl":
+            return hbm, own, own
+        up = sum(g.edges[ctrl, v]["bw_gbps"] for v in g.successors(ctrl) if g.nodes[v]["transit"])
+        return ctrl, own, up
+
+    def hbm_gbps(self, pes) -> float:
+        """Aggregate HBM bandwidth (GB/s) the memories of ``pes`` can deliver together
+        (a memory shared by several of them counts once)."""
+        ctrls: dict = {}
+        for node in dict.fromkeys(self.pes[pe].hbm for pe in pes):
+            ctrl, own, up = self.hbm_port(self.sharers(node)[0])
+            ctrls.setdefault(ctrl, [0.0, up])[0] += own
+        return sum(min(own, up) for own, up in ctrls.values())

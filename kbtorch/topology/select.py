@@ -1,0 +1,60 @@
+"""Which machine the device, the profiler, the ops and the models use.
+
+``use(NAME|PATH|Machine)`` makes a topology the process default; as a context manager it
+holds inside the block only (context-local: other threads and tasks keep theirs) and
+restores the previous default on exit. With neither, the environment variable
+``KBTORCH_TOPOLOGY`` names it, else ``ahbm``. ``as_machine(x)`` is the one resolution every
+entry point uses: None -> the current machine, a name or path -> loaded, a Machine -> itself.
+"""
+from __future__ import annotations
+
+import contextvars
+import os
+
+from .machine import Machine, load_machine
+
+ENV = "KBTORCH_TOPOLOGY"
+DEFAULT = "ahbm"
+_SCOPED: contextvars.ContextVar = contextvars.ContextVar("kbtorch_machine", default=None)
+_PROCESS: list = [None]
+
+
+def as_machine(x=None) -> Machine:
+    """A Machine from None (the current one), a topology name or path, or a Machine."""
+    if x is None:
+        return current_machine()
+    if isinstance(x, Machine):
+        return x
+    if isinstance(x, (str, os.PathLike)):
+        return load_machine(os.fspath(x))
+    raise TypeError(f"expected a topology name, a path or a Machine, got {type(x).__name__} {x!r}")
+
+
+def current_machine() -> Machine:
+    """The machine in force here: ``with use(...)``, else ``use(...)``, else $KBTORCH_TOPOLOGY, else ahbm."""
+    scoped = _SCOPED.get()
+    if scoped is not None:
+        return scoped
+    if _PROCESS[0] is not None:
+        return _PROCESS[0]
+    return load_machine(os.environ.get(ENV) or DEFAULT)
+
+
+class use:
+    """Select the machine: ``kbtorch.use("torus6")`` for the process, or ``with kbtorch.use(path):``
+    for a block. The topology is loaded (and validated) at once."""
+
+    def __init__(self, topology):
+        self.machine = as_machine(topology)
+        self._previous, self._token = _PROCESS[0], None
+        _PROCESS[0] = self.machine
+
+    def __enter__(self) -> Machine:
+        # NOTE: as a context manager the choice is the block's alone: the process default
+        # set by __init__ goes back at once, so other threads never see it.
+        _PROCESS[0] = self._previous
+        self._token = _SCOPED.set(self.machine)
+        return self.machine
+
+    def __exit__(self, *exc) -> None:
+        _SCOPED.reset(self._token)
