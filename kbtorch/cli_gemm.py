@@ -122,7 +122,7 @@ def _gemm_check(run, a, b) -> dict:
 
 
 def _cmd_gemm(args, machine):
-    from .kernel import TcmOverflow
+    from .runtime import AllocationError
     from .ops.gemm import gemm
 
     pes = _pes_arg(args.pes, len(machine.pes)) if args.pes is not None else list(range(len(machine.pes)))
@@ -140,7 +140,7 @@ def _cmd_gemm(args, machine):
             run = gemm(a, b, **kw)
         else:
             run = gemm(shape=(args.m, args.n, args.k), dtype=args.dtype, **kw)
-    except TcmOverflow as exc:
+    except AllocationError as exc:
         if tiling is None:
             raise
         raise ValueError(f"argument {'--tile' if args.tile else '--grid'}: {exc}") from None

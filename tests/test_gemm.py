@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kbtorch.kernel import TcmOverflow
+from kbtorch.runtime import AllocationError
 from kbtorch.ops.gemm import gemm
 from kbtorch.ops.gemm_model import candidates
 from kbtorch.ops.gemm_plan import GemmTiling
@@ -79,7 +79,7 @@ def test_analytic_model_tracks_the_simulation(ahbm):
 def test_candidates_fit_the_tcm_and_oversized_tiles_fail(ahbm):
     ranked = candidates(ahbm, 2048, 2048, 2048, "f16", list(range(16)))
     assert ranked and all(e.ns > 0 for e, _ in ranked)
-    with pytest.raises(TcmOverflow, match="TCM buffer 'staging'"):
+    with pytest.raises(AllocationError, match="TCM buffer 'staging'"):
         gemm(shape=(2048, 2048, 2048), pes=range(4), tiling=GemmTiling((2, 2, 1), (1024, 1024, 1024)), machine=ahbm)
 
 

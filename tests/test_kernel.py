@@ -1,7 +1,8 @@
 """The tile-kernel API: SPMD launch, buffers with memory levels, semaphores, errors."""
 import pytest
 
-from kbtorch.kernel import TCM, TcmOverflow, build, launch
+from kbtorch.kernel import build, launch
+from kbtorch.runtime import AllocationError
 from kbtorch.sim.simulator import SimulationStuck
 
 
@@ -34,14 +35,14 @@ def test_buffers_name_their_level(ahbm):
     assert programs == {3: []}
     ctx_bufs = []
     build(lambda ctx: ctx_bufs.append(ctx.tcm("x", 1000)), [3], ahbm)
-    assert ctx_bufs[0].level == TCM and ctx_bufs[0].node == ahbm.pes[3].node("tcm")
+    assert ctx_bufs[0].level == "tcm" and ctx_bufs[0].node == ahbm.pes[3].node("tcm")
 
 
 def test_tcm_over_allocation_names_the_buffer(ahbm):
     def greedy(ctx):
         ctx.tcm("weights", 10 << 20)
         ctx.tcm("activations", 6 << 20)
-    with pytest.raises(TcmOverflow, match="kernel 'greedy' PE 0: TCM buffer 'activations' of 6.00 MiB does not fit"):
+    with pytest.raises(AllocationError, match="kernel 'greedy' PE 0: TCM buffer 'activations' of 6.00 MiB does not fit"):
         build(greedy, [0], ahbm)
 
 

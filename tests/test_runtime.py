@@ -2,7 +2,9 @@
 import numpy as np
 import pytest
 
-from kbtorch.runtime import ALIGN, AllocationError, Allocator, Runtime
+from kbtorch.runtime import AllocationError, Allocator, Runtime
+
+ALIGN = 256  # the burst of an AHBM HBM slice and the flit: the allocation granule there
 from kbtorch.sim.commands import Dma, Loc, Wait
 from kbtorch.sim.simulator import SimulationStuck
 
@@ -35,7 +37,7 @@ def test_alloc_aligns_and_first_fit_reuses_freed_space(rt):
 
 
 def test_free_merges_neighbours():
-    al = Allocator("m", 4096)
+    al = Allocator("m", 4096, ALIGN)
     blocks = [al.alloc(1024) for _ in range(4)]
     for addr in (blocks[1], blocks[3], blocks[2], blocks[0]):
         al.free(addr)
@@ -60,7 +62,7 @@ def test_free_unknown_buffer_errors(rt):
     with pytest.raises(ValueError, match="not allocated"):
         rt.free(buf)
     with pytest.raises(ValueError, match="no block allocated at address 64"):
-        Allocator("m", 4096).free(64)
+        Allocator("m", 4096, ALIGN).free(64)
 
 
 def test_bad_alloc_arguments(rt):

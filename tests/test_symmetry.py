@@ -52,7 +52,7 @@ def test_units_with_a_pcie_shortcut_are_their_own_class(ahbm):
 def test_traffic_between_units_is_not_reduced(ahbm):
     def kernel(ctx):
         peer = (ctx.pe + 8) % len(ctx.group)
-        ctx.dma_read(ctx.machine.pes[peer].hbm, ctx.tcm("buf", 4096).at(), 4096)
+        ctx.dma_read(ctx.machine.pes[peer].hbm, ctx.tcm("buf", 4096).loc(), 4096)
     programs = build(kernel, range(16), ahbm)
     assert not symmetry.reduce(ahbm, programs).reduced
 

@@ -1,5 +1,4 @@
-"""The tile-kernel API (commands, composites, semaphores, buffers with memory levels)."""
-from .api import PEContext, build, launch, run_programs
-from .buffers import HBM, LEVELS, SRAM, TCM, Buf, TcmArena, TcmOverflow
+"""The tile-kernel API: commands, composites, semaphores, named buffers at every memory level."""
+from .api import PEContext, build, contexts, launch, run_programs
 
-__all__ = ["PEContext", "build", "launch", "run_programs", "HBM", "SRAM", "TCM", "LEVELS", "Buf", "TcmArena", "TcmOverflow"]
+__all__ = ["PEContext", "build", "contexts", "launch", "run_programs"]

@@ -2,7 +2,8 @@
 
 ``launch(kernel, pes, machine, *args)`` calls ``kernel(ctx, *args)`` once per PE of the
 group, in PE order; ``ctx`` knows its PE, its rank in the group and the group, allocates TCM
-buffers, and queues commands for that PE's engines (the Dataflow ISA of Maia 200, Fig. 2):
+named buffers at any memory level (``ctx.hbm``, ``ctx.sram``, ``ctx.tcm``, from the one
+memory model ``runtime.memory``: PEs that share a memory node get disjoint ranges), and queues commands for that PE's engines (the Dataflow ISA of Maia 200, Fig. 2):
 
 - ``dma_read`` (HBM/SRAM/remote -> TCM) and ``dma_write`` (TCM -> HBM/SRAM/remote),
 - ``fetch`` (TCM -> GEMM/MATH engine), ``gemm``, ``math``, ``store`` (engine -> TCM),
@@ -20,7 +21,7 @@ from __future__ import annotations
 from ..sim.commands import Composite, Compute, Dma, Fetch, Loc, Send, Signal, Store, Wait
 from ..sim.simulator import RunResult, Simulator
 from ..sim import symmetry
-from .buffers import Buf, TcmArena
+from ..runtime.memory import AllocationError, Buf, Memories
 
 def _waits(items) -> tuple:
     return tuple(Wait(x) if isinstance(x, str) else x for x in ((items,) if isinstance(items, (str, Wait)) else items))
@@ -31,9 +32,9 @@ def _signals(items) -> tuple:
 
 
 def _loc(x) -> Loc:
-    """A location: a ``Loc``, a TCM ``Buf`` (its start) or a memory node's name (offset 0)."""
+    """A location: a ``Loc``, a ``Buf`` (its start) or a memory node's name (offset 0)."""
     if isinstance(x, Buf):
-        return x.at()
+        return x.loc()
     if isinstance(x, str):
         return Loc(x)
     if not isinstance(x, Loc):
@@ -42,23 +43,60 @@ def _loc(x) -> Loc:
 
 
 class PEContext:
-    """What a kernel sees on one PE; collects that PE's commands."""
+    """What a kernel sees on one PE; collects that PE's commands and buffers."""
 
-    def __init__(self, machine, kernel: str, pe: int, group: tuple):
+    def __init__(self, machine, kernel: str, pe: int, group: tuple, memories: Memories, built: dict):
         self.machine, self.kernel, self.pe, self.group = machine, kernel, pe, group
         self.rank = group.index(pe)
         self.info = machine.pes[pe]
-        tcm = self.info.node("tcm")
-        self.arena = TcmArena(kernel, pe, tcm, machine.node(tcm)["params"])
+        self.memories, self._built = memories, built
+        self.buffers: dict[str, Buf] = {}
         self.commands: list = []
 
     @property
     def hbm_node(self) -> str:
         return self.info.hbm
 
+    def hbm(self, name: str, nbytes: int) -> Buf:
+        """A buffer in this PE's HBM (its slice, or its share of a die-wide HBM)."""
+        return self._alloc("hbm", name, nbytes)
+
+    def sram(self, name: str, nbytes: int) -> Buf:
+        """A buffer in the SRAM this PE shares."""
+        return self._alloc("sram", name, nbytes)
+
     def tcm(self, name: str, nbytes: int) -> Buf:
-        """A TCM buffer of this PE; TcmOverflow (naming it) if the TCM is full."""
-        return self.arena.alloc(name, nbytes)
+        """A buffer in this PE's TCM (less the kernel scratch the topology reserves)."""
+        return self._alloc("tcm", name, nbytes)
+
+    def buffer(self, name: str) -> Buf:
+        """This PE's buffer ``name``; a KeyError names the buffers it has."""
+        if name not in self.buffers:
+            raise KeyError(f"kernel '{self.kernel}' PE {self.pe}: no buffer '{name}' (has: {', '.join(self.buffers)})")
+        return self.buffers[name]
+
+    def remote(self, pe: int, name: str) -> Buf:
+        """Buffer ``name`` of PE ``pe`` of the group (allocated by a kernel that ran before:
+        kernels run in group order)."""
+        if pe not in self._built:
+            raise KeyError(f"kernel '{self.kernel}' PE {self.pe}: PE {pe} is not in the group {list(self.group)}")
+        return self._built[pe].buffer(name)
+
+    def _alloc(self, level: str, name: str, nbytes: int) -> Buf:
+        if name in self.buffers:
+            raise ValueError(f"kernel '{self.kernel}' PE {self.pe}: buffer '{name}' is allocated twice")
+        where = f"kernel '{self.kernel}' PE {self.pe}: {level.upper()} buffer '{name}'"
+        try:
+            buf = self.memories.alloc(self.pe, level, nbytes, name)
+        except AllocationError as exc:
+            a = self.memories.allocator(self.memories.node(self.pe, level))
+            raise AllocationError(f"{where} of {nbytes / 2**20:.2f} MiB does not fit: "
+                                  f"{(a.capacity - a.free_bytes) / 2**20:.2f} of {a.capacity / 2**20:.2f} MiB "
+                                  f"already in use ({exc})") from None
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{where}: {exc}") from None
+        self.buffers[name] = buf
+        return buf
 
     def _add(self, cmd):
         self.commands.append(cmd)
@@ -99,8 +137,9 @@ class PEContext:
                                    label=label, **fields))
 
 
-def build(kernel, pes, machine, *args, name: str | None = None) -> dict:
-    """Run ``kernel(ctx, *args)`` for each PE of ``pes``; -> ``{pe: [commands]}``."""
+def contexts(machine, pes, name: str) -> list[PEContext]:
+    """One context per PE of the group ``pes`` (checked), sharing one set of memories: a
+    kernel that emits its PEs' commands itself (a collective) uses these."""
     group = tuple(pes)
     if not group:
         raise ValueError("a kernel needs at least one PE")
@@ -109,13 +148,20 @@ def build(kernel, pes, machine, *args, name: str | None = None) -> dict:
     for pe in group:
         if not 0 <= pe < len(machine.pes):
             raise ValueError(f"PE {pe} is outside topology '{machine.name}' (PEs 0..{len(machine.pes) - 1})")
-    label = name or getattr(kernel, "__name__", "kernel")
-    programs = {}
+    memories, built = Memories(machine), {}
+    out = []
     for pe in group:
-        ctx = PEContext(machine, label, pe, group)
+        out.append(PEContext(machine, name, pe, group, memories, built))
+        built[pe] = out[-1]
+    return out
+
+
+def build(kernel, pes, machine, *args, name: str | None = None) -> dict:
+    """Run ``kernel(ctx, *args)`` for each PE of ``pes`` in order; -> ``{pe: [commands]}``."""
+    ctxs = contexts(machine, pes, name or getattr(kernel, "__name__", "kernel"))
+    for ctx in ctxs:
         kernel(ctx, *args)
-        programs[pe] = ctx.commands
-    return programs
+    return {ctx.pe: ctx.commands for ctx in ctxs}
 
 
 def launch(kernel, pes, machine, *args, mode: str = "fast", trace: bool = False, name: str | None = None,

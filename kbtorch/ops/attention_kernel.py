@@ -66,7 +66,7 @@ def merge_tiles(rows: int, d: int) -> int:
 
 class Layout:
     """Byte offsets of a PE's item regions (Q rows then K/V rows) and outputs in its HBM
-    slice, and sizes of its TCM buffers (allocated in ``TCM_ORDER``: the tree slots first,
+    buffer ``items``, and sizes of its TCM buffers (allocated in ``TCM_ORDER``: the tree slots first,
     so that every PE's are at address 0)."""
 
     TCM_ORDER = ("slots", "head", "kv", "s", "p", "opart", "oacc", "out")
@@ -98,7 +98,9 @@ class Layout:
         return sum(_align(n) for n in self.sizes.values() if n)
 
     def allocate(self, ctx) -> dict:
-        bufs = {name: ctx.tcm(name, self.sizes[name]) for name in self.TCM_ORDER if self.sizes[name]}
+        """The HBM region of the items and outputs (``hbm``), then the TCM buffers."""
+        bufs = {"hbm": ctx.hbm("items", self.o0 + len(self.q_bytes) * self.o_stride)}
+        bufs.update((name, ctx.tcm(name, self.sizes[name])) for name in self.TCM_ORDER if self.sizes[name])
         if "slots" in bufs and bufs["slots"].addr != 0:
             raise AssertionError(f"PE {ctx.pe}: tree slots must start the TCM")
         return bufs
@@ -124,7 +126,6 @@ class _Program:
         self.ctx, self.work, self.shape = ctx, work, shape
         self.lay = Layout(work, shape)
         self.buf = self.lay.allocate(ctx)
-        self.hbm = ctx.hbm_node
         self.last_chunk = {c.item: x for x, c in enumerate(work.chunks)}
         self.ring: dict = {}
         for x, c in enumerate(work.chunks):
@@ -169,14 +170,14 @@ class _Program:
             wait = (Wait("pv", self.last_chunk[i - 2] + 1, 0),) if i >= 2 else ()
             wait += (Wait("go", 1, 0),) if self.work.follows and x == 0 else ()
             note = ((self.work.lead, "go"),) if self.work.lead is not None else ()
-            self.ctx.dma_read(Loc(self.hbm, lay.base[i]), self.buf["head"].at((i % 2) * self.buf["head"].nbytes // 2),
+            self.ctx.dma_read(self.buf["hbm"].loc(lay.base[i]), self.buf["head"].loc((i % 2) * self.buf["head"].nbytes // 2),
                               lay.q_bytes[i] + nbytes, wait=wait, signal=f"h{i % 2}", notify=note,
                               label=f"read Q+KV {x}")
             return
         r, slots = self.ring[x], lay.slots
         # NOTE: ring slot r % slots held ring chunk r - slots, whose V rows its P V reads.
         wait = (Wait("pv", self.ring_chunk[r - slots] + 1, 0),) if r >= slots else ()
-        self.ctx.dma_read(Loc(self.hbm, lay.kv_addr(self.work, i, ch.k0)), self.buf["kv"].at(), nbytes,
+        self.ctx.dma_read(self.buf["hbm"].loc(lay.kv_addr(self.work, i, ch.k0)), self.buf["kv"].loc(), nbytes,
                           wait=wait, signal=f"kv{r % slots}", label=f"read KV {x}")
 
     def _runs(self, x: int, engine: str, label: str, waits: tuple, signals: tuple, make) -> None:
@@ -185,7 +186,7 @@ class _Program:
         runs = self.work.chunks[x].runs
         for r, (n, keys) in enumerate(runs):
             last = r == len(runs) - 1
-            self.ctx.composite(tiles=n, staging=self.buf["s"].at(), engine=engine, wait=waits if r == 0 else (),
+            self.ctx.composite(tiles=n, staging=self.buf["s"].loc(), engine=engine, wait=waits if r == 0 else (),
                                signal=signals if last else (), label=f"{label} {x}.{r} ({n}x{keys})",
                                **make(n, keys, r))
 
@@ -235,9 +236,9 @@ class _Program:
         elems, stats = m * d // t, -(-2 * m // t)
         final = ch.last
         out = elems * eb if final else (elems + stats) * ACC_BYTES
-        writes = (Move(Loc(self.hbm, self.lay.o_addr(ch.item)), out, out),) if final else ()
+        writes = (Move(self.buf["hbm"].loc(self.lay.o_addr(ch.item)), out, out),) if final else ()
         flops = (MERGE_FLOPS * elems + ROW_FLOPS * stats // 2 if merge else 0) + (elems if final else 0)
-        self.ctx.composite(tiles=t, staging=self.buf["out"].at(), engine="math", dtype="fp32",
+        self.ctx.composite(tiles=t, staging=self.buf["out"].loc(), engine="math", dtype="fp32",
                            fetch_bytes=(2 if merge else 1) * (elems + stats) * ACC_BYTES, flops=flops,
                            store_bytes=out, writes=writes, wait=Wait("pv", x + 1, 0), signal=self._freed(x),
                            label=f"MG {x}" + (" out" if final else ""))
@@ -256,7 +257,7 @@ class _Program:
             writes.append(Move(self._slot(t.pes[0], t.team - 1), self._slice(0)))
             notify.append((t.pes[0], "rb"))
         part, flops = m * (d + 2) * ACC_BYTES, m * (MERGE_FLOPS * d + ROW_FLOPS) if merge else 0
-        self.ctx.composite(tiles=1, staging=self.buf["out"].at(), engine="math", dtype="fp32",
+        self.ctx.composite(tiles=1, staging=self.buf["out"].loc(), engine="math", dtype="fp32",
                            fetch_bytes=(2 if merge else 1) * part, flops=flops,
                            store_bytes=part, writes=tuple(writes), notify=tuple(notify), wait=Wait("pv", x + 1, 0),
                            signal=(self._freed(x), "own"), label=f"MG {x} scatter")
@@ -281,12 +282,12 @@ class _Program:
         out = m * cols * eb if final else self._slice(t.member)
         writes, notify = (), ()
         if final:
-            writes = (Move(Loc(self.hbm, self.lay.o_addr(0)), out),)
+            writes = (Move(self.buf["hbm"].loc(self.lay.o_addr(0)), out),)
         elif send:
             leader = t.pes[t.member]
             writes, notify = (Move(self._slot(leader, t.size - 1 + t.team - 1), out),), ((leader, "rb"),)
         flops = (parts - 1) * m * (MERGE_FLOPS * cols + ROW_FLOPS) + (m * cols if final else 0)
-        self.ctx.composite(tiles=1, staging=self.buf["out"].at(), engine="math", dtype="fp32",
+        self.ctx.composite(tiles=1, staging=self.buf["out"].loc(), engine="math", dtype="fp32",
                            fetch_bytes=parts * self._slice(t.member), flops=flops, store_bytes=out, writes=writes,
                            notify=notify, wait=waits, label=label + (" out" if final else ""))
 

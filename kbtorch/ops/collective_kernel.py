@@ -300,8 +300,8 @@ class CollectiveKernel(KernelLayout):
         if store:
             signals.append(Signal(self._name(bs, k0)))
         reads = () if own_region == "tcm" else (Move(self.span(r, own_region, bs, k0), te, te),)
-        ctx.composite(tiles=1, staging=ctx.arena.buffers[0].at(), engine="math", dtype=self.dtype,
-                      reads=reads, fetch_bytes=2 * te, flops=te // self.eb, store_bytes=te, writes=tuple(writes),
+        ctx.composite(tiles=1, staging=ctx.buffer("staging").loc(), engine="math", dtype=self.dtype,
+                      reads=reads, fetch_bytes=2 * te, flops=self.m.math_flops(self.math_op, ctx.pe) * (te // self.eb), store_bytes=te, writes=tuple(writes),
                       wait=waits, signal=tuple(signals), notify=tuple(notes),
                       label=f"s{k} {self.math_op} b{bs[0]}{'' if len(bs) == 1 else f'-{bs[-1]}'}.{k0} from {src}")
         if signals and signals[0].sem == f"k{src}":

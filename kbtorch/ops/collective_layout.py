@@ -12,7 +12,8 @@ side by side (consecutive block ids inside an aligned group) share one packet.
 """
 from __future__ import annotations
 
-from ..kernel.api import PEContext
+from ..kernel import contexts
+from ..runtime.memory import AllocationError
 from ..sim.commands import Loc
 from .collective_plan import CollectiveError, Schedule
 
@@ -22,6 +23,7 @@ MAX_PACKET = 2**20
 #: Up to this many bytes per member, values between steps stay in a TCM buffer instead of
 #: HBM scratch (small collectives are latency-bound: no HBM round trip per step).
 TCM_VALUES = 256 * 1024
+PAGE = 4096
 
 
 def packet_size(xfer_bytes: int) -> int:
@@ -37,7 +39,7 @@ def largest_xfer_blocks(sched: Schedule) -> int:
     return max((len(x.blocks) for step in sched.steps for x in step), default=1)
 
 def _align(n: int) -> int:
-    return -(-n // 4096) * 4096
+    return -(-n // PAGE) * PAGE
 
 class KernelLayout:
     """The schedule analysis, buffers and addresses of a collective kernel: ``sched`` on
@@ -53,8 +55,7 @@ class KernelLayout:
             raise CollectiveError(f"{sched.algo} {sched.kind}: {nbytes} bytes per member ({elems} elements of "
                                   f"{elem_bytes} bytes) do not split into {sched.blocks} equal blocks")
         self.nbytes, self.block_elems = nbytes, elems // sched.blocks
-        self.ctx = [PEContext(machine, f"{sched.kind} {sched.algo}", pe, grid.pes) for pe in grid.pes]
-        self.hbm_of = [machine.pes[pe].hbm for pe in grid.pes]
+        self.ctx = contexts(machine, grid.pes, f"{sched.kind} {sched.algo}")
         self.tcm_of = [machine.pes[pe].node("tcm") for pe in grid.pes]
         self.uses = self._uses()
         self.chan_in = self._channels()
@@ -89,7 +90,7 @@ class KernelLayout:
     def _packet_elems(self, packet_bytes) -> int:
         """Elements of the largest packet: whole blocks when a block fits (so small blocks
         side by side share a packet), else a piece of a block."""
-        cap = self.ctx[0].arena.capacity
+        cap = self.m.capacity("tcm", self.grid.pes[0])
         chans = max(len(c) for c in self.chan_in) or 1
         fit = (cap - 4096) // (chans * self.slots + 4) // 256 * 256
         most = largest_xfer_blocks(self.s) * self.block_elems
@@ -105,15 +106,13 @@ class KernelLayout:
     def _layout(self) -> None:
         s, eb = self.s, self.eb
         out_bytes = self.nbytes // s.n if s.kind == "reduce_scatter" else self.nbytes
-        self.in0 = 0
-        self.out0 = _align(self.nbytes) if s.kind in ("all_reduce", "reduce_scatter") else 0
-        self.scr0 = self.out0 + _align(out_bytes)
-        hbm = self.m.node(self.m.pes[self.grid.pes[0]].hbm)["params"]
-        need = self.scr0 + 2 * _align(self.nbytes)
-        cap = int(hbm.get("capacity_gib", 0) * 2**30)
-        if cap and need > cap:
-            raise CollectiveError(f"{s.kind}: {self.nbytes} bytes per member need {need} bytes of HBM "
-                                  f"(input, output, 2 scratch); a PE's slice has {cap}")
+        # NOTE: an all-gather's input is its own block of the output (in place), a broadcast's
+        # buffer is its output; regions start on PAGE boundaries.
+        sizes = {"in": self.nbytes}
+        if s.kind in ("all_reduce", "reduce_scatter"):
+            sizes["out"] = out_bytes
+        sizes.update(scr0=self.nbytes, scr1=self.nbytes)
+        self.regions = [self._regions(ctx, sizes) for ctx in self.ctx]
         self.in_tcm = self.nbytes <= TCM_VALUES
         self.slot0, self.val0 = [], []
         for r, ctx in enumerate(self.ctx):
@@ -125,16 +124,23 @@ class KernelLayout:
             self.val0.append(ctx.tcm("values", self.nbytes).addr if self.in_tcm else 0)
 
     # ---- addresses ----------------------------------------------------------------------
+    def _regions(self, ctx, sizes: dict) -> dict:
+        """Member ``ctx``'s HBM regions (input, output, two scratch), or a CollectiveError."""
+        try:
+            out = {name: ctx.hbm(name, _align(n)) for name, n in sizes.items()}
+        except AllocationError as exc:
+            raise CollectiveError(f"{self.s.kind}: {self.nbytes} bytes per member need "
+                                  f"{sum(_align(n) for n in sizes.values())} bytes of HBM (input, output, 2 scratch) "
+                                  f"on PE {ctx.pe}: {exc}") from None
+        out.setdefault("out", out["in"])
+        return out
+
     def hbm(self, r: int, region: str, b: int, k: int) -> Loc:
-        off = (b * self.block_elems + k) * self.eb
-        if region == "in":
-            return Loc(self.hbm_of[r], self.in0 + off)
         if region == "tcm":
-            return Loc(self.tcm_of[r], self.val0[r] + off)
-        if region == "out":
-            idx = self.s.keeps[r].index(b) if self.s.kind == "reduce_scatter" else b
-            return Loc(self.hbm_of[r], self.out0 + (idx * self.block_elems + k) * self.eb)
-        return Loc(self.hbm_of[r], self.scr0 + int(region[-1]) * _align(self.nbytes) + off)
+            return Loc(self.tcm_of[r], self.val0[r] + (b * self.block_elems + k) * self.eb)
+        if region == "out" and self.s.kind == "reduce_scatter":
+            b = self.s.keeps[r].index(b)
+        return self.regions[r][region].loc((b * self.block_elems + k) * self.eb)
 
     def span(self, r: int, region: str, bs: tuple, k: int) -> Loc:
         """Start of blocks ``bs`` (consecutive ids) of member ``r``'s ``region``: they lie

@@ -2,8 +2,8 @@
 
 Each PE of the group takes an equal contiguous slice (the last ones may be one element
 shorter) and streams it through one composite: DMA_READ its inputs' tiles from its HBM
-slice -> FETCH -> MATH -> STORE -> DMA_WRITE the output tile to its HBM slice. Inputs and
-output sit in each PE's slice one after the other; tiles are at most ``TILE_BYTES`` of one
+-> FETCH -> MATH -> STORE -> DMA_WRITE the output tile to its HBM. Inputs and output are
+HBM buffers of the PE (``ctx.hbm``); tiles are at most ``TILE_BYTES`` of one
 input. Row reductions and normalisations use the same pass: ``flops_per_element`` sets the
 MATH work, ``out_ratio`` the output elements per input element (1/D for a reduction over
 rows of D). Timing only: the numbers come from torch in the caller.
@@ -11,10 +11,11 @@ rows of D). Timing only: the numbers come from torch in the caller.
 from __future__ import annotations
 
 from ..kernel import launch
-from ..sim.commands import Loc, Move
+from ..sim.commands import Move
 from .contract import DTYPES, OpFamily, OpRun, Param, as_machine, register
 
 TILE_BYTES = 256 * 1024
+PAGE = 4096
 BUFFERS = 2
 
 
@@ -37,20 +38,22 @@ def elementwise_kernel(ctx, op: str, n: int, inputs: int, elem_bytes: int, dtype
     tile = max(1, min(size, TILE_BYTES // elem_bytes))
     tiles = -(-size // tile)
     tb = tile * elem_bytes
-    hbm = ctx.hbm_node
-    span = -(-size * elem_bytes // 4096) * 4096
     ob = max(elem_bytes, round(tb * out_ratio) // elem_bytes * elem_bytes)
+    # NOTE: operands start on PAGE boundaries, as a host runtime would place whole tensors.
+    span = -(-size * elem_bytes // PAGE) * PAGE
+    ins = [ctx.hbm(f"in{i}", span) for i in range(inputs)]
+    out = ctx.hbm("out", tiles * ob)
     staging = ctx.tcm("staging", BUFFERS * (inputs * tb + ob))
-    reads = tuple(Move(Loc(hbm, i * span), tb, tb) for i in range(inputs))
+    reads = tuple(Move(buf.loc(), tb, tb) for buf in ins)
     # NOTE: a copy (no MATH work) only stages tiles through TCM: DMA_READ -> DMA_WRITE.
     engine = dict(fetch_bytes=inputs * tb, flops=flops * tile, store_bytes=ob) if flops else {}
-    ctx.composite(tiles=tiles, staging=staging.at(), engine="math", dtype=dtype, reads=reads,
-                  writes=(Move(Loc(hbm, inputs * span), ob, ob),), buffers=BUFFERS, label=f"{op} x{tiles}", **engine)
+    ctx.composite(tiles=tiles, staging=staging.loc(), engine="math", dtype=dtype, reads=reads,
+                  writes=(Move(out.loc(), ob, ob),), buffers=BUFFERS, label=f"{op} x{tiles}", **engine)
 
 
 def elementwise(op: str, n: int, *, inputs: int = 2, dtype: str = "f16", elem_bytes: int | None = None, pes=None,
                 machine=None, mode: str = "fast", flops_per_element: int | None = None,
-                out_ratio: float = 1.0) -> OpRun:
+                out_ratio: float = 1.0, trace: bool = False) -> OpRun:
     """Simulate ``op`` over ``n`` elements with ``inputs`` operands; its MATH cost per element
     is the machine's (``flops_per_element`` of the math engine) unless given."""
     machine = as_machine(machine)
@@ -60,7 +63,7 @@ def elementwise(op: str, n: int, *, inputs: int = 2, dtype: str = "f16", elem_by
     group = group[:max(1, min(len(group), n))]
     flops = machine.math_flops(op, group[0]) if flops_per_element is None else flops_per_element
     eb = DTYPES[dtype].bytes if elem_bytes is None else elem_bytes
-    result = launch(elementwise_kernel, group, machine, op, n, inputs, eb, dtype, flops, out_ratio, mode=mode, name=op)
+    result = launch(elementwise_kernel, group, machine, op, n, inputs, eb, dtype, flops, out_ratio, mode=mode, trace=trace, name=op)
     return OpRun(op=f"elementwise {op}", machine=machine, result=result, pes=tuple(group), dtype=dtype,
                  flops=flops * n, plan=f"{len(group)} PEs, {inputs} input(s)")
 

@@ -9,7 +9,7 @@ sums them on its MATH engine and writes C.
 """
 from __future__ import annotations
 
-from ..sim.commands import Loc, Move, Wait
+from ..sim.commands import Move, Wait
 from .contract import DTYPES
 from .gemm_plan import ACC_BYTES, Block, GemmTiling, output_tiles, steps
 
@@ -17,34 +17,28 @@ BUFFERS = 2
 
 
 class Layout:
-    """Byte offsets of a shard's blocked A panel, B panel and C block in its HBM slice, and
-    of its TCM regions."""
+    """Byte offsets inside a shard's blocked A panel, B panel and C block (HBM buffers of
+    their own), and the sizes of its TCM regions."""
 
     def __init__(self, shard: Block, tiling: GemmTiling, dtype: str):
         mp, np_, kp = shard.shape
         tm, tn, tk = tiling.tile
         self.eb, self.kp, self.np_ = DTYPES[dtype].bytes, kp, np_
-        self.b0 = _align(mp * kp * self.eb)
-        self.c0 = self.b0 + _align(kp * np_ * self.eb)
+        self.hbm = {"a_panel": mp * kp * self.eb, "b_panel": kp * np_ * self.eb, "c_block": mp * np_ * self.eb}
         rows, cols, depth = min(tm, mp), min(tn, np_), min(tk, kp)
         self.read_slot = (rows * depth + depth * cols) * self.eb
         self.write_slot = rows * cols * ACC_BYTES
         self.staging = BUFFERS * (self.read_slot + self.write_slot)
-        self.partials = _align(self.staging)
         self.split = len(shard.peers)
 
     def a(self, r: int, rows: int, k0: int) -> int:
         return (r * self.kp + k0 * rows) * self.eb
 
     def b(self, c: int, cols: int, k0: int) -> int:
-        return self.b0 + (c * self.kp + k0 * cols) * self.eb
+        return (c * self.kp + k0 * cols) * self.eb
 
     def c(self, r: int, rows: int, c: int) -> int:
-        return self.c0 + (r * self.np_ + c * rows) * self.eb
-
-
-def _align(n: int) -> int:
-    return -(-n // 256) * 256
+        return (r * self.np_ + c * rows) * self.eb
 
 
 def gemm_kernel(ctx, shards: dict, tiling: GemmTiling, dtype: str, composite: bool) -> None:
@@ -55,6 +49,8 @@ def gemm_kernel(ctx, shards: dict, tiling: GemmTiling, dtype: str, composite: bo
     lay = Layout(shard, tiling, dtype)
     mp, np_, _ = shard.shape
     owner = ctx.pe == shard.owner
+    for name, nbytes in lay.hbm.items():
+        ctx.hbm(name, nbytes)
     ctx.tcm("staging", lay.staging)
     if lay.split > 1 and owner:
         ctx.tcm("partials", (lay.split - 1) * mp * np_ * ACC_BYTES)
@@ -66,7 +62,7 @@ def gemm_kernel(ctx, shards: dict, tiling: GemmTiling, dtype: str, composite: bo
         if lay.split > 1:
             dst = None if owner else _partial_loc(ctx, shard, lay, t, rows, cols, r, c)
         else:
-            dst = (ctx.hbm_node, lay.c(r, rows, c))
+            dst = ctx.buffer("c_block").loc(lay.c(r, rows, c))
         emit = _composite_tile if composite else _chained_tile
         issued = emit(ctx, lay, tiling, dtype, (r, rows, c, cols), dst, "mine" if last else None, issued)
     if lay.split > 1:
@@ -75,9 +71,8 @@ def gemm_kernel(ctx, shards: dict, tiling: GemmTiling, dtype: str, composite: bo
 
 def _partial_loc(ctx, shard: Block, lay: Layout, t: int, rows: int, cols: int, r: int, c: int):
     peer = shard.peers.index(ctx.pe) - 1
-    node = ctx.machine.pes[shard.owner].node("tcm")
     offset = (peer * lay.np_ * (shard.shape[0]) + r * lay.np_ + c * rows) * ACC_BYTES
-    return node, lay.partials + offset
+    return ctx.remote(shard.owner, "partials").loc(offset)
 
 
 def _k_groups(kp: int, tk: int) -> list[tuple[int, int, int]]:
@@ -95,15 +90,15 @@ def _k_groups(kp: int, tk: int) -> list[tuple[int, int, int]]:
 def _composite_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, issued: int) -> int:
     r, rows, c, cols = tile
     groups = _k_groups(lay.kp, tiling.tile[2])
-    staging = ctx.arena.buffers[0].at()
+    staging, a, b = (ctx.buffer(n) for n in ("staging", "a_panel", "b_panel"))
     for g, (k0, depth, count) in enumerate(groups):
         final = g == len(groups) - 1
         a_bytes, b_bytes = rows * depth * lay.eb, depth * cols * lay.eb
         out_bytes = rows * cols * (ACC_BYTES if dst is None or lay.split > 1 else lay.eb)
-        writes = (Move(_loc(*dst), out_bytes),) if final and dst is not None else ()
-        ctx.composite(tiles=count, staging=staging, buffers=BUFFERS, accumulate=count, dtype=dtype,
-                      reads=(Move(_loc(ctx.hbm_node, lay.a(r, rows, k0)), a_bytes, a_bytes),
-                             Move(_loc(ctx.hbm_node, lay.b(c, cols, k0)), b_bytes, b_bytes)),
+        writes = (Move(dst, out_bytes),) if final and dst is not None else ()
+        ctx.composite(tiles=count, staging=staging.loc(), buffers=BUFFERS, accumulate=count, dtype=dtype,
+                      reads=(Move(a.loc(lay.a(r, rows, k0)), a_bytes, a_bytes),
+                             Move(b.loc(lay.b(c, cols, k0)), b_bytes, b_bytes)),
                       fetch_bytes=a_bytes + b_bytes, flops=2 * rows * cols * depth,
                       store_bytes=rows * cols * ACC_BYTES if final else 0, writes=writes,
                       signal=(signal,) if final and signal else (), label=f"gemm tile {r},{c} k{k0}")
@@ -114,15 +109,15 @@ def _chained_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, issued: in
     """Queue one output tile as individual commands; ``issued`` counts K steps so far on this
     PE (reads of step s >= 2 wait until the fetch of step s - 2 has freed its buffer)."""
     r, rows, c, cols = tile
-    staging = ctx.arena.buffers[0]
+    staging, a, b = (ctx.buffer(n) for n in ("staging", "a_panel", "b_panel"))
     for k0, depth, count in _k_groups(lay.kp, tiling.tile[2]):
         a_bytes, b_bytes = rows * depth * lay.eb, depth * cols * lay.eb
         for s in range(count):
             kk = k0 + s * depth
-            slot = staging.addr + (issued % BUFFERS) * lay.read_slot
+            slot = (issued % BUFFERS) * lay.read_slot
             free = ("free",) if issued >= BUFFERS else ()
-            ctx.dma_read(_loc(ctx.hbm_node, lay.a(r, rows, kk)), _loc(staging.node, slot), a_bytes, wait=free, signal="a")
-            ctx.dma_read(_loc(ctx.hbm_node, lay.b(c, cols, kk)), _loc(staging.node, slot + a_bytes), b_bytes, signal="b")
+            ctx.dma_read(a.loc(lay.a(r, rows, kk)), staging.loc(slot), a_bytes, wait=free, signal="a")
+            ctx.dma_read(b.loc(lay.b(c, cols, kk)), staging.loc(slot + a_bytes), b_bytes, signal="b")
             ctx.fetch(a_bytes + b_bytes, wait=("a", "b"), signal="free")
             ctx.gemm(rows, cols, depth, dtype)
             issued += 1
@@ -132,7 +127,7 @@ def _chained_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, issued: in
         ctx.store(rows * cols * ACC_BYTES, signal=done)
         return issued
     ctx.store(rows * cols * ACC_BYTES, signal="stored")
-    ctx.dma_write(_loc(staging.node, staging.addr), _loc(*dst), out_bytes, wait="stored", signal=done)
+    ctx.dma_write(staging.loc(), dst, out_bytes, wait="stored", signal=done)
     return issued
 
 
@@ -143,9 +138,5 @@ def _reduce(ctx, shard: Block, lay: Layout, dtype: str, owner: bool) -> None:
         return
     ctx.math("add", (lay.split - 1) * mp * np_, "fp32", wait=(Wait("partial", lay.split - 1), Wait("mine")),
              signal="summed", label="sum K-split partials")
-    result = ctx.arena.buffers[-1].at()
-    ctx.dma_write(result, _loc(ctx.hbm_node, lay.c0), mp * np_ * lay.eb, wait="summed", label="write C")
-
-
-def _loc(node: str, addr: int) -> Loc:
-    return Loc(node, addr)
+    ctx.dma_write(ctx.buffer("result").loc(), ctx.buffer("c_block").loc(), mp * np_ * lay.eb, wait="summed",
+                  label="write C")

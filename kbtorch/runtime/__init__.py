@@ -1,5 +1,5 @@
 """Host-facing runtime API: memory allocation, data deployment and kernel launch."""
-from .allocator import ALIGN, AllocationError, Allocator, capacity_bytes
-from .runtime import LEVELS, Buffer, Runtime
+from .memory import AllocationError, Allocator, Buf, Memories
+from .runtime import Runtime
 
-__all__ = ["ALIGN", "AllocationError", "Allocator", "capacity_bytes", "LEVELS", "Buffer", "Runtime"]
+__all__ = ["AllocationError", "Allocator", "Buf", "Memories", "Runtime"]

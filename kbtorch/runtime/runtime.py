@@ -1,83 +1,52 @@
 """The host-facing runtime: deploys tensors and launches kernels, knows nothing about routing.
 
-A :class:`Buffer` is a byte range of one memory node, named by the PE that owns it and a
-level (``hbm``: the PE's HBM slice, ``sram``: its CUBE's shared SRAM, ``tcm``: its TCM).
+Buffers are :class:`~kbtorch.runtime.memory.Buf` (a byte range of one memory node, named
+by the PE that owns it and a level: ``hbm`` the PE's HBM, ``sram`` the shared SRAM, ``tcm``
+its TCM), allocated from the one memory model (``memory.Memories``).
 Deployed data is a host-side copy (untimed setup); launched programs run together, from
 t = 0, on a fresh :class:`~kbtorch.sim.simulator.Simulator` at :meth:`Runtime.run`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..sim.commands import Command, Loc
 from ..sim.simulator import RunResult, Simulator
-from ..topology.machine import Machine, load_machine
+from ..topology import Machine, as_machine
 from ..units import check_pe
-from .allocator import Allocator, capacity_bytes
-
-LEVELS = ("hbm", "sram", "tcm")
-
-
-@dataclass(frozen=True)
-class Buffer:
-    """``nbytes`` bytes at byte address ``addr`` of memory node ``node``."""
-
-    pe: int
-    level: str
-    node: str
-    addr: int
-    nbytes: int
-
-    def loc(self, offset: int = 0) -> Loc:
-        """The address ``offset`` bytes into the buffer, for a command."""
-        if not 0 <= offset < self.nbytes:
-            raise ValueError(f"offset {offset} is outside the buffer of {self.nbytes} bytes at '{self.node}'")
-        return Loc(self.node, self.addr + offset)
-
+from .memory import Allocator, Buf, Memories
 
 class Runtime:
-    """Buffers, host-side data and launched programs for one machine."""
+    """Bufs, host-side data and launched programs for one machine."""
 
-    def __init__(self, machine_or_name: Machine | str = "ahbm", mode: str = "fast", trace: bool = False):
-        self.machine = load_machine(machine_or_name) if isinstance(machine_or_name, str) else machine_or_name
+    def __init__(self, machine: Machine | str | None = None, mode: str = "fast", trace: bool = False):
+        self.machine = as_machine(machine)
         self.mode, self.trace = mode, trace
-        self.allocators: dict[str, Allocator] = {}
+        self.memories = Memories(self.machine)
         self.last_sim: Simulator | None = None
-        self._data: dict[Buffer, np.ndarray | None] = {}
+        self._data: dict[Buf, np.ndarray | None] = {}
         self._programs: dict[int, list] = {}
 
     def memory_node(self, pe: int, level: str) -> str:
         """The memory node of PE ``pe`` at ``level``."""
-        if level not in LEVELS:
-            raise ValueError(f"unknown memory level '{level}' (expected one of {', '.join(LEVELS)})")
-        info = self.machine.pes[check_pe(pe, len(self.machine.pes))]
-        node = info.node("tcm") if level == "tcm" else getattr(info, level)
-        if node is None:
-            raise ValueError(f"PE {pe} has no {level} in topology '{self.machine.name}'")
-        return node
+        return self.memories.node(check_pe(pe, len(self.machine.pes)), level)
 
     def allocator(self, node: str) -> Allocator:
-        a = self.allocators.get(node)
-        if a is None:
-            a = self.allocators[node] = Allocator(node, capacity_bytes(node, self.machine.node(node)))
-        return a
+        return self.memories.allocator(node)
 
-    def alloc(self, pe: int, nbytes: int, level: str = "hbm") -> Buffer:
+    def alloc(self, pe: int, nbytes: int, level: str = "hbm", name: str = "") -> Buf:
         """A new buffer of ``nbytes`` bytes in PE ``pe``'s memory at ``level``."""
-        node = self.memory_node(pe, level)
-        buf = Buffer(pe, level, node, self.allocator(node).alloc(nbytes), nbytes)
+        buf = self.memories.alloc(check_pe(pe, len(self.machine.pes)), level, nbytes, name)
         self._data[buf] = None
         return buf
 
-    def free(self, buf: Buffer) -> None:
+    def free(self, buf: Buf) -> None:
         if buf not in self._data:
             raise ValueError(f"{buf} is not allocated (freed twice, or from another runtime?)")
-        self.allocator(buf.node).free(buf.addr)
+        self.memories.free(buf)
         del self._data[buf]
 
-    def deploy(self, buf: Buffer, data) -> None:
+    def deploy(self, buf: Buf, data) -> None:
         """Store a host-side copy of ``data`` (bytes or an array, taken as raw bytes) in ``buf``."""
         raw = self._bytes(data)
         if buf not in self._data:
@@ -94,7 +63,7 @@ class Runtime:
             return np.frombuffer(bytes(data), dtype=np.uint8)
         return np.ascontiguousarray(np.asarray(data)).reshape(-1).view(np.uint8)
 
-    def read(self, buf: Buffer) -> np.ndarray:
+    def read(self, buf: Buf) -> np.ndarray:
         """A copy of the buffer's bytes (uint8); zeros where nothing was deployed."""
         if buf not in self._data:
             raise ValueError(f"cannot read {buf}: it is not allocated")

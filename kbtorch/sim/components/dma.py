@@ -25,6 +25,11 @@ def data_path(machine, src: str, dst: str) -> tuple:
     end = port(dst, "dma_rd") if g.nodes[dst]["kind"] == "tcm" else dst
     prefix = (src,) if start != src else ()
     suffix = (dst,) if end != dst else ()
+    if start == end:
+        # NOTE: a copy inside one memory (two regions of a die-wide HBM) leaves it and comes
+        # back through its nearest router.
+        turn = next(v for v in g.successors(start) if g.nodes[v]["transit"])
+        return prefix + machine.route(start, turn) + machine.route(turn, end)[1:] + suffix
     return prefix + machine.route(start, end) + suffix
 
 
@@ -57,8 +62,9 @@ class DmaModel:
                 raise ValueError(f"PE {pe.info.id} {cmd.describe()}: '{loc.node}' is not a memory node")
         if cmd.nbytes <= 0:
             raise ValueError(f"PE {pe.info.id} {cmd.describe()}: DMA of {cmd.nbytes} bytes")
-        if cmd.src.node == cmd.dst.node:
-            raise ValueError(f"PE {pe.info.id} {cmd.describe()}: source and destination are both '{cmd.src.node}'")
+        if cmd.src.node == cmd.dst.node and (self.g.nodes[cmd.src.node]["kind"] == "tcm" or
+                                             abs(cmd.src.addr - cmd.dst.addr) < cmd.nbytes):
+            raise ValueError(f"PE {pe.info.id} {cmd.describe()}: source and destination overlap in '{cmd.src.node}'")
 
     def start(self, pe, q, p, now: int, chain) -> None:
         """Execute a ``Dma`` command on engine queue ``q`` of PE model ``pe``."""
