@@ -17,6 +17,7 @@ import networkx as nx
 from .errors import TopologyError
 from .facts import MachineFacts
 from .loader import load_raw
+from .overrides import freeze_overrides, thaw_overrides
 from .routing import Router
 
 #: Engines every PE block must define (the tile-kernel API's model of a PE).
@@ -67,8 +68,8 @@ class Machine(MachineFacts):
     """A topology compiled once into a frozen DiGraph; never mutated during a run; the only
     source of hardware facts (``MachineFacts``)."""
 
-    def __init__(self, path: str):
-        raw = load_raw(path)
+    def __init__(self, path: str, overrides: dict | None = None):
+        raw = load_raw(path, overrides)
         self.path, self.name = raw.path, raw.machine["name"]
         self.flit_bytes = raw.machine["flit_bytes"]
         self.issue = IssueCost(raw.issue["fixed_cycles"], raw.issue["per_byte_cycles"],
@@ -100,19 +101,24 @@ class Machine(MachineFacts):
 
     def _check_routable(self) -> None:
         """Every PE reaches every other PE and its own memories; fail at load time if not."""
+        # NOTE: the same checks as one search per PE, answered from one reachability pass
+        # (routing.Reach); Router.route runs only to report a memory that is unroutable.
+        g = self.graph
         ports = [(pe.node("dma_wr"), pe.node("dma_rd")) for pe in self.pes]
         entries = list(dict.fromkeys(self._port(rd, "in") for _, rd in ports))
+        ends = [r for pe in self.pes for n in (pe.node("dma_rd"), pe.hbm) if n for r in g.predecessors(n)
+                if g.nodes[r]["transit"]]
+        reach = self.router.reach(entries + ends)
+        need = reach.mask(entries)
         for wr, _ in ports:
-            first = self._port(wr, "out")
-            reach = {state[0] for state in self.router._tree(first)[1]}
-            lost = [e for e in entries if e not in reach]
-            if lost:
-                pe = self.graph.nodes[wr]["pe"]
-                raise TopologyError(self.path, "route", f"PE {pe} ('{wr}') cannot reach '{lost[0]}'")
+            got = reach.from_node(self._port(wr, "out"))
+            if got & need != need:
+                lost = next(e for e in entries if not got & reach.bit[e])
+                raise TopologyError(self.path, "route", f"PE {g.nodes[wr]['pe']} ('{wr}') cannot reach '{lost}'")
         for pe in self.pes:
-            if pe.hbm:
-                self.route(pe.hbm, pe.node("dma_rd"))
-                self.route(pe.node("dma_wr"), pe.hbm)
+            for src, dst in ((pe.hbm, pe.node("dma_rd")), (pe.node("dma_wr"), pe.hbm)):
+                if pe.hbm and not reach.routable(src, dst):
+                    self.route(src, dst)
 
     def _port(self, node: str, way: str) -> str:
         """The first transit node after (``out``) or before (``in``) an endpoint."""
@@ -169,15 +175,18 @@ def topology_path(name_or_path: str) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _load_cached(path: str, mtime: float) -> Machine:
-    return Machine(path)
+def _load_cached(path: str, mtime: float, overrides: tuple) -> Machine:
+    return Machine(path, thaw_overrides(overrides))
 
 
-def load_machine(name_or_path: str = "ahbm") -> Machine:
-    """Load (once per file version) and return the compiled machine."""
+def load_machine(name_or_path: str = "ahbm", overrides: dict | None = None) -> Machine:
+    """Load (once per file version and overrides) and return the compiled machine.
+
+    ``overrides`` maps dotted paths of the file to values (``{"links.noc.bw_gbps": 512}``);
+    see docs/topology-format.md."""
     path = topology_path(name_or_path)
     try:
         mtime = os.path.getmtime(path)
     except OSError:
         raise TopologyError(path, "file", "no such topology file") from None
-    return _load_cached(os.path.abspath(path), mtime)
+    return _load_cached(os.path.abspath(path), mtime, freeze_overrides(overrides, path))
