@@ -54,10 +54,14 @@ class PE:
         return self.roles[role]
 
 
-def _roles(nodes: dict, names: dict) -> dict:
+def _roles(nodes: dict, names: dict, path: str) -> dict:
     """A PE's engines by role: ``pe_roles`` (``[machine]``) names the node of a role inside
     the PE block where the node is not named after the role; two roles may share a node."""
-    return {**nodes, **{role: nodes[local] for role, local in names.items() if local in nodes}}
+    for role, local in names.items():
+        if local not in nodes:
+            raise TopologyError(path, f"machine.pe_roles.{role}", f"names '{local}', which is not a node of the PE "
+                                f"block (its nodes: {', '.join(sorted(nodes))})")
+    return {**nodes, **{role: nodes[local] for role, local in names.items()}}
 
 
 def _ps(ns: float) -> int:
@@ -81,7 +85,7 @@ class Machine(MachineFacts):
             g.add_edge(u, v, flit_ps=max(1, round(self.flit_bytes * 1000 / attrs["bw_gbps"])),
                        prop_ps=_ps(attrs["prop_ns"]), **attrs)
         self.graph = nx.freeze(g)
-        self.pes = [PE(i, p["prefix"], _roles(p["roles"], raw.machine.get("pe_roles", {})), p["coords"],
+        self.pes = [PE(i, p["prefix"], _roles(p["roles"], raw.machine.get("pe_roles", {}), raw.path), p["coords"],
                        p.get("hbm"), p.get("sram")) for i, p in enumerate(raw.pes)]
         for pe in self.pes:
             missing = [r for r in PE_ROLES if r not in pe.roles]
