@@ -63,6 +63,7 @@ def add_parser(bench, parents, family) -> None:
 
 def _members(args, machine) -> int:
     """The number of members; raises ValueError naming the argument at fault."""
+    from .ops.collective import padded_bytes
     from .ops.collective_group import make_grid, resolve_group
     from .ops.collective_plan import CollectiveError, schedule
 
@@ -87,7 +88,7 @@ def _members(args, machine) -> int:
             sched = schedule(kind, args.algo, make_grid(machine, pes), root)
         except CollectiveError as exc:
             raise ValueError(f"argument --algo: {exc}") from None
-        if elems % sched.blocks:
+        if padded_bytes(sched, args.bytes, eb) is None:
             raise ValueError(f"argument --bytes: {args.bytes} bytes ({elems} {args.dtype} elements) do not split "
                              f"into the {sched.blocks} equal blocks of {args.algo} {kind} over {n} members")
     return n

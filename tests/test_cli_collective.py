@@ -100,7 +100,7 @@ def test_options_reach_the_run(cli_json):
     (("allreduce", "--bytes", "1KiB", "--group", "5"), "argument --group: a collective needs at least two members"),
     (("allreduce", "--bytes", "1KiB", "--group", "0,300"), "argument --group: PE 300 is outside"),
     (("allreduce", "--bytes", "1KiB", "--group", "nowhere"), "argument --group: unknown group 'nowhere'"),
-    (("allreduce", "--group", "cube", "--bytes", "1000", "--algo", "ring"), "argument --bytes: 1000 bytes"),
+    (("reducescatter", "--group", "cube", "--bytes", "1000", "--algo", "ring"), "argument --bytes: 1000 bytes"),
     (("allreduce", "--group", "cube", "--bytes", "1001"), "argument --bytes: 1001 bytes"),
     (("allgather", "--group", "cube", "--bytes", "1000"), "argument --bytes"),
     (("reducescatter", "--group", "0-5", "--algo", "tree", "--bytes", "12KiB"), "argument --algo: algorithm 'tree'"),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kbtorch.ops.collective import BUS_FACTOR, collective, concurrent, torch_reference
-from kbtorch.ops.collective_group import make_grid
+from kbtorch.ops.collective_group import make_grid, resolve_group
 from kbtorch.ops.collective_plan import ALGOS, KINDS, CollectiveError, schedule
 from kbtorch.topology import load_machine
 
@@ -191,12 +191,27 @@ def test_auto_is_close_to_the_best_algorithm(ahbm, nbytes):
 
 
 def test_auto_skips_algorithms_that_do_not_apply(ahbm):
-    # 6 members: no recursive halving; 1000 bytes f16 only split into the one block of tree
+    # 6 members: no recursive halving; 1000 bytes f16 (500 elements) in equal shares of 8
+    # members split into the one block per member of ring, 2d, direct and hier, not the 8
+    # blocks per member of bidir-ring and recursive halving
     run = collective("all_gather", group="0-5", nbytes=6 << 10, machine=ahbm)
     assert "tree" not in run.candidates and run.algo in run.candidates
     check_run(run, "all_gather", 6)
-    odd = collective("all_reduce", group="cube", nbytes=1000, machine=ahbm)
-    assert set(odd.candidates) == {"tree"} and odd.algo == "tree"
+    odd = collective("reduce_scatter", group="cube", nbytes=1008, machine=ahbm)
+    assert "bidir-ring" not in odd.candidates and odd.algo in odd.candidates
+
+
+@pytest.mark.parametrize("group, numel, kind, op", [("cube", 500, "all_reduce", "sum"), ("0-5", 1024, "all_reduce", "max"),
+                                                   ("0-5", 2048, "broadcast", "sum"), ("cube", 333, "all_reduce", "sum")])
+def test_any_element_count_reduces_and_broadcasts(ahbm, group, numel, kind, op):
+    n = len(resolve_group(ahbm, group))
+    shards = [torch.randn(numel, dtype=torch.float16, generator=torch.Generator().manual_seed(i)) for i in range(n)]
+    for algo in ("ring", "tree", "direct"):
+        run = collective(kind, shards, group=group, algo=algo, op=op, root=n - 1, machine=ahbm)
+        ref = torch_reference(kind, shards, op, n - 1)
+        assert run.nbytes == numel * 2 and all(o.shape == r.shape for o, r in zip(run.outputs, ref))
+        assert all(torch.allclose(o.float(), r.float(), atol=0.05) for o, r in zip(run.outputs, ref)), algo
+        assert run.latency_ps >= run.bound_ps
 
 
 def test_bound_is_a_lower_bound_on_uneven_rings(ahbm):
@@ -236,9 +251,9 @@ BAD = {
     "unsupported dtype": (dict(kind="all_reduce", shards=_ones(dtype=torch.int32)), "not supported"),
     "PE outside": (dict(kind="all_reduce", group="250-257", nbytes=1024),
                    r"PE 256 is outside topology 'ahbm' \(PEs 0..255\)"),
-    "payload not in blocks": (dict(kind="all_reduce", nbytes=1000, algo="ring"),
+    "payload not in blocks": (dict(kind="reduce_scatter", nbytes=1000, algo="ring"),
                               r"1000 bytes per member \(500 elements of 2 bytes\) do not split into 8 equal blocks"),
-    "shards not in blocks": (dict(kind="all_reduce", shards=_ones(numel=500), algo="bidir-ring"),
+    "shards not in blocks": (dict(kind="reduce_scatter", shards=_ones(numel=504), algo="bidir-ring"),
                              "do not split into 16 equal blocks"),
     "unknown algo": (dict(kind="all_reduce", nbytes=1024, algo="butterfly"), r"unknown algorithm 'butterfly'"),
     "unknown op": (dict(kind="all_reduce", nbytes=1024, op="min"), r"unknown reduction 'min' \(known: sum, max\)"),

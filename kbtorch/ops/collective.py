@@ -87,9 +87,13 @@ def _shards(kind: str, shards, n: int, nbytes, dtype):
         if nbytes is None or nbytes <= 0:
             raise CollectiveError("give shards, or nbytes > 0 for a timing-only run")
         try:
-            return nbytes, dtype_of(dtype, kind).name
+            d = dtype_of(dtype, kind)
         except ValueError as exc:
             raise CollectiveError(str(exc)) from None
+        if nbytes % d.bytes:
+            raise CollectiveError(f"{kind}: {nbytes} bytes is not a whole number of {d.name} elements "
+                                  f"({d.bytes} bytes each)")
+        return nbytes, d.name
     if len(shards) != n:
         raise CollectiveError(f"{kind}: {len(shards)} shards for a group of {n} members")
     first = shards[0]
@@ -103,6 +107,31 @@ def _shards(kind: str, shards, n: int, nbytes, dtype):
         raise CollectiveError(str(exc)) from None
     per = first.numel() * first.element_size() * (n if kind == "all_gather" else 1)
     return per, name
+
+
+def padded_bytes(sched, nbytes: int, eb: int) -> int | None:
+    """Per-member bytes the kernel moves for ``nbytes``: whole blocks of ``sched``.
+
+    NOTE: an all-reduce or a broadcast of any element count runs with its last block padded
+    (at most ``blocks - 1`` elements more; NCCL cuts the last chunk short instead: less than
+    one element per block apart). A reduce-scatter or all-gather needs equal member shares
+    (as torch's tensor collectives do), each a whole number of blocks: else None, the
+    algorithm does not apply."""
+    elems = nbytes // eb
+    if sched.kind in ("all_reduce", "broadcast"):
+        return -(-elems // sched.blocks) * sched.blocks * eb
+    return nbytes if elems % sched.blocks == 0 else None
+
+
+def _pad(shards: list, nbytes: int, op: str) -> list:
+    """Each member's buffer flattened and padded to ``nbytes`` with the reduction's identity."""
+    fill = 0.0 if op == "sum" else float("-inf")
+    out = []
+    for t in shards:
+        flat = t.reshape(-1)
+        extra = nbytes // flat.element_size() - flat.numel()
+        out.append(torch.cat([flat, flat.new_full((extra,), fill)]) if extra else flat)
+    return out
 
 
 def estimates(kind: str, machine, grid, nbytes: int, eb: int, root: int = 0, packet_bytes: int | None = None) -> dict:
@@ -121,12 +150,13 @@ def estimates(kind: str, machine, grid, nbytes: int, eb: int, root: int = 0, pac
             sched = schedule(kind, algo, grid, root)
         except CollectiveError:
             continue
-        if (nbytes // eb) % sched.blocks or nbytes % eb:
+        padded = padded_bytes(sched, nbytes, eb)
+        if padded is None:
             continue
-        scheds.append((len(sched.steps), ALGOS.index(algo), algo, sched))
+        scheds.append((len(sched.steps), ALGOS.index(algo), algo, sched, padded))
     out, best = {}, None
-    for _, _, algo, sched in sorted(scheds, key=lambda t: t[:2]):
-        block = nbytes // sched.blocks
+    for _, _, algo, sched, padded in sorted(scheds, key=lambda t: t[:2]):
+        block = padded // sched.blocks
         packet = packet_bytes or packet_size(largest_xfer_blocks(sched) * block)
         if big and best is not None and model.issue_ps(machine, sched, block, packet) >= best:
             continue
@@ -138,7 +168,11 @@ def estimates(kind: str, machine, grid, nbytes: int, eb: int, root: int = 0, pac
 def _build(kind, algo, machine, grid, nbytes, eb, dtype, op, root, packet_bytes):
     """(schedule, kernel, programs, busy ps per resource, startup ps) of one algorithm."""
     sched = schedule(kind, algo, grid, root)
-    kernel = CollectiveKernel(machine, sched, grid, nbytes, eb, dtype, op, packet_bytes)
+    padded = padded_bytes(sched, nbytes, eb)
+    if padded is None:
+        raise CollectiveError(f"{algo} {kind}: {nbytes} bytes per member ({nbytes // eb} elements of {eb} bytes) "
+                              f"do not split into {sched.blocks} equal blocks")
+    kernel = CollectiveKernel(machine, sched, grid, padded, eb, dtype, op, packet_bytes)
     programs = kernel.programs()
     # NOTE: the bound's packet is one piece of one block: a kernel that sent blocks one by one
     # would not wait for a whole packet of several blocks.
@@ -191,8 +225,11 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, pac
     worst = max(busy, key=lambda r: (busy[r], model.describe(r)))
     bound = max(startup, busy[worst])
     analytic = cands[algo] if algo in cands else model.alpha_beta_ps(
-        machine, sched, pes, nbytes // sched.blocks, kernel.packet_elems * eb)
-    outputs = reference(sched, shards, op) if shards is not None else None
+        machine, sched, pes, kernel.nbytes // sched.blocks, kernel.packet_elems * eb)
+    outputs = None
+    if shards is not None:
+        inputs = _pad(shards, kernel.nbytes, op) if kernel.nbytes != nbytes else shards
+        outputs = [o[:nbytes // eb] for o in reference(sched, inputs, op)]
     return CollectiveRun(op=kind, machine=machine, result=result, pes=tuple(pes), dtype=dtype, analytic_ps=analytic,
                          bound_ps=bound, plan=algo, algo=algo, reduction=op, nbytes=nbytes, mode=mode,
                          startup_ps=startup, limiter="startup" if startup >= busy[worst] else model.describe(worst),
@@ -217,8 +254,13 @@ def concurrent(specs: list, *, machine=None, mode: str = "fast") -> list[float]:
         grid = make_grid(machine, pes)
         dtype = spec.get("dtype", "f16")
         sched = schedule(spec["kind"], spec.get("algo", "ring"), grid)
-        kernel = CollectiveKernel(machine, sched, grid, spec["nbytes"], DTYPES[dtype].bytes, dtype,
-                                  spec.get("op", "sum"), spec.get("packet_bytes"))
+        eb = DTYPES[dtype].bytes
+        padded = padded_bytes(sched, spec["nbytes"], eb)
+        if padded is None:
+            raise CollectiveError(f"collective {i} ({spec['kind']}): {spec['nbytes']} bytes do not split into "
+                                  f"{sched.blocks} equal blocks")
+        kernel = CollectiveKernel(machine, sched, grid, padded, eb, dtype, spec.get("op", "sum"),
+                                  spec.get("packet_bytes"))
         programs.update(kernel.programs())
         groups.append(pes)
     result = run_programs(programs, machine, mode=mode)
