@@ -4,7 +4,8 @@
 ``ahbm`` with torch's helper ``torch.utils.backend_registration._setup_privateuseone_for_python_backend``
 (device guard, device module, hooks, generated ``Tensor.ahbm()``-style methods), then
 registers the three PrivateUse1 kernels that ``.to("ahbm")`` and the factory functions need:
-``aten::empty.memory_format``, ``aten::empty_strided`` and ``aten::_copy_from``. They create
+``aten::empty.memory_format``, ``aten::empty_strided`` and ``aten::_copy_from``, and makes
+``nn.Module._apply`` all or nothing (``module.apply_all_or_nothing``). The kernels create
 and fill ``AhbmTensor`` wrappers on the current machine (``kbtorch.use``); every other op
 reaches ``AhbmTensor.__torch_dispatch__``.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..topology import current_machine
+from .module import apply_all_or_nothing
 from .placement import default_spec
 from .tensor import DEVICE, AhbmTensor, is_timing_only
 
@@ -37,6 +39,9 @@ def register() -> None:
     lib.impl("empty.memory_format", _empty, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    # NOTE: moves of modules to and from ahbm must survive autograd's references and never
+    # stop halfway (see ``module``).
+    torch.nn.Module._apply = apply_all_or_nothing
     _LIB = lib
 
 
