@@ -1,7 +1,7 @@
 """``F.scaled_dot_product_attention`` on the ahbm device: the fused attention kernel
 (``kbtorch.ops.attention``: FlashAttention-style prefill, split-KV decode with on-PE merges).
 
-Numerics: torch's SDPA on the local values. Timing: the kernel, timing-only, on all PEs for
+Numerics: torch's SDPA on the host values. Timing: the kernel, timing-only, on all PEs for
 the call's (B, Hq, Hkv, Lq, Lk, D, causal, dtype), cached per shape. Inputs of three
 dimensions are taken as a batch of one. A call the kernel does not cover (an explicit
 ``attn_mask``, dropout, a head dimension or dtype it rejects) runs the correct but explicitly

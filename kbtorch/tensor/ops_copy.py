@@ -2,7 +2,7 @@
 (also what ``reshape`` of a non-contiguous tensor and ``contiguous`` become), dtype casts
 (``.to(dtype)``) and copies between ahbm tensors (``copy_``, e.g. a KV cache update).
 
-Numerics: the torch op on the local values. Timing: a copy pass of each PE's part of the
+Numerics: the torch op on the host values. Timing: a copy pass of each PE's part of the
 output through its DMA engines (HBM -> TCM -> HBM, no MATH work): concatenation and row
 gathers move every output element once. A vocabulary-sharded embedding gives a Partial
 result (each PE looks up the rows it holds). A copy from the host (``copy_`` of a CPU

@@ -1,6 +1,6 @@
 """Elementwise ops on the ahbm device: the elementwise MATH kernel (``kbtorch.ops.elementwise``).
 
-Numerics: the torch op on the local values (broadcasting as torch does). Timing: one pass
+Numerics: the torch op on the host values (broadcasting as torch does). Timing: one pass
 with one input per tensor argument over each PE's part of the output (its shard, or all of
 it when the result is replicated); placements follow ``sharding.elementwise_inputs``.
 """

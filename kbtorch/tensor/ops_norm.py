@@ -1,6 +1,6 @@
 """Softmax, row reductions and normalisation on the ahbm device: one vector pass each.
 
-Numerics: the torch op on the local values. Timing: the vector MATH kernel over the input's
+Numerics: the torch op on the host values. Timing: the vector MATH kernel over the input's
 elements with the op's work per element (softmax: max, subtract, exp, sum, divide = 8
 flops; log-softmax 9; rms_norm: square, sum, rsqrt, two multiplies = 5; a reduction: 1)
 and its output size (``out_ratio``).
