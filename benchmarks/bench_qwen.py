@@ -41,7 +41,6 @@ def decode_point(kv_len: int) -> dict:
     from models.qwen2 import QWEN2_5_7B as cfg
     from models.qwen2 import KVCache, Model, tensor_parallel
     from models.qwen2_run import lm_head_ns
-    from kbtorch.tensor.kernels import machine
     t0 = time.perf_counter()
     with kbtorch.timing_only():
         with torch.device("meta"):
@@ -60,7 +59,8 @@ def decode_point(kv_len: int) -> dict:
     weights = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("embed")) * 2
     kv_bytes = cfg.layers * 2 * cfg.kv_heads * (kv_len + 1) * cfg.head_dim * 2
     moved = weights + kv_bytes + head_bytes
-    peak = machine().hbm_gbps(range(len(machine().pes)))
+    machine = kbtorch.current_machine()
+    peak = machine.hbm_gbps(range(len(machine.pes)))
     return {"kind": "decode", "kv_len": kv_len, "token_us": token_ns / 1000, "tokens_per_s": 1e9 / token_ns,
             "pct_hbm": 100 * moved / token_ns / peak, "ops": len(prof.records), "wall_s": time.perf_counter() - t0}
 

@@ -34,7 +34,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kbtorch  # noqa: E402
-from kbtorch.tensor.kernels import machine  # noqa: E402
 from models.qwen2 import CONFIGS, KVCache, rotary, tensor_parallel  # noqa: E402
 from models.qwen2_run import build_layer, lm_head_ns, replicate, run_hf  # noqa: E402
 
@@ -124,7 +123,8 @@ def report(args, prof, out, ref, wall: float) -> dict:
         head_ns, head_bytes = lm_head_ns(cfg, args.batch)
         token_ns = cfg.layers * prof.total_ns + head_ns
         moved = cfg.layers * (weights + kv_bytes) + head_bytes
-        peak = machine().hbm_gbps(range(len(machine().pes)))
+        machine = kbtorch.current_machine()
+        peak = machine.hbm_gbps(range(len(machine.pes)))
         rec.update(layers=cfg.layers, lm_head_ns=head_ns, token_ns=token_ns,
                    tokens_per_s=args.batch * 1e9 / token_ns, hbm_bytes_per_token=moved,
                    pct_hbm=100 * moved / token_ns / peak)

@@ -1,13 +1,15 @@
 """kbtorch: a PyTorch front end to a discrete-event simulator of LLM kernels on AHBM.
 
-Importing kbtorch registers the ``"ahbm"`` torch device (``kbtorch.tensor.device``).
+Importing kbtorch registers the ``"ahbm"`` torch device (``kbtorch.tensor.device``). The
+machine it models is ``kbtorch.current_machine()``, chosen with ``kbtorch.use``.
 """
 from .profiler import profile
 from .tensor.device import register as _register
 from .tensor.placement import Mesh, Partial, Replicate, Shard
-from .tensor.redistribute import distribute_tensor
-from .tensor.tensor import timing_only
+from .tensor.tensor import distribute_tensor, timing_only
+from .topology import current_machine, use
 
 _register()
 
-__all__ = ["Mesh", "Partial", "Replicate", "Shard", "distribute_tensor", "profile", "timing_only"]
+__all__ = ["Mesh", "Partial", "Replicate", "Shard", "current_machine", "distribute_tensor", "profile",
+           "timing_only", "use"]

@@ -3,11 +3,18 @@
 Kinds are the ``kind`` attributes of the topology's nodes and links (plus ``issue``, the
 control processor's command-issue cost); times are reported in ns. ``profile()`` records the
 ops run on the ahbm device (a table per op name, a Chrome/Perfetto trace).
+
+The stream: ops run in program order, each one's kernel launched on the simulator in turn,
+so the simulated clock advances op by op; ``record`` leaves an ``OpRecord`` for every open
+profiler. The clock and the open profilers are context-local (``contextvars``): threads
+and async tasks each have their own.
 """
 from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 from tabulate import tabulate
 
@@ -20,6 +27,51 @@ KIND_NAMES = {
     "tcm": "TCM", "gemm": "GEMM engine", "math": "vector math engine", "ipcq": "IPCQ",
     "sram": "SRAM channel", "sram_port": "SRAM port link", "ctrl": "control link",
 }
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One op on the ahbm device: what ran, when (simulated ns) and what it cost."""
+
+    name: str
+    shapes: tuple
+    kernel: str
+    start_ns: float
+    latency_ns: float
+    flops: int = 0
+    bytes: int = 0
+    bottleneck: str = ""
+    detail: str = ""
+    usage: tuple = ()
+    timeline: dict | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.latency_ns / 1000 if self.latency_ns else 0.0
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.latency_ns if self.latency_ns else 0.0
+
+
+# NOTE: immutable values in the context variables (a float, a tuple): a task that copies the
+# context advances its own clock and never another's.
+_CLOCK_NS: ContextVar = ContextVar("kbtorch_clock_ns", default=0.0)
+_LISTENERS: ContextVar = ContextVar("kbtorch_profiles", default=())
+
+
+def clock_ns() -> float:
+    """The stream's simulated clock (ns) in this context."""
+    return _CLOCK_NS.get()
+
+
+def record(name: str, shapes: tuple, kernel: str, latency_ns: float, **kw) -> OpRecord:
+    """Put an op on this context's stream: it starts at the clock, which it advances."""
+    rec = OpRecord(name, shapes, kernel, _CLOCK_NS.get(), latency_ns, **kw)
+    _CLOCK_NS.set(rec.start_ns + latency_ns)
+    for listener in _LISTENERS.get():
+        listener.append(rec)
+    return rec
 
 
 def kind_name(kind: str) -> str:
@@ -140,11 +192,11 @@ class KeyAverages:
 
 @contextmanager
 def profile():
-    """Record every op on the ahbm device while the block runs: ``with kbtorch.profile() as prof``."""
-    from .tensor.stream import STREAM
+    """Record every op on the ahbm device while the block runs, in this context only:
+    ``with kbtorch.profile() as prof``."""
     prof = Profile()
-    STREAM.listeners.append(prof.records)
+    token = _LISTENERS.set(_LISTENERS.get() + (prof.records,))
     try:
         yield prof
     finally:
-        STREAM.listeners.remove(prof.records)
+        _LISTENERS.reset(token)

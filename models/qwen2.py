@@ -175,10 +175,10 @@ ROW = ("o_proj", "down_proj")
 
 def place(module: nn.Module, placement_of, mesh=None) -> nn.Module:
     """Place every parameter of ``module`` (already on ``"ahbm"``) over ``mesh`` (default:
-    every PE, flat) by ``placement_of(leaf module name, parameter name)``. Returns ``module``."""
+    every PE of the current machine, flat) by ``placement_of(leaf module name, parameter
+    name)``. Returns ``module``."""
     import kbtorch
-    from kbtorch.tensor.kernels import machine
-    n = len(machine().pes)
+    n = len(kbtorch.current_machine().pes)
     mesh = mesh or kbtorch.Mesh(tuple(range(n)), (n,))
     for name, sub in module.named_modules():
         leaf = name.rsplit(".", 1)[-1]

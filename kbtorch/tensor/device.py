@@ -4,8 +4,10 @@
 ``ahbm`` with torch's helper ``torch.utils.backend_registration._setup_privateuseone_for_python_backend``
 (device guard, device module, hooks, generated ``Tensor.ahbm()``-style methods), then
 registers the three PrivateUse1 kernels that ``.to("ahbm")`` and the factory functions need:
-``aten::empty.memory_format``, ``aten::empty_strided`` and ``aten::_copy_from``. They create
-and fill ``AhbmTensor`` wrappers; every other op reaches ``AhbmTensor.__torch_dispatch__``.
+``aten::empty.memory_format``, ``aten::empty_strided`` and ``aten::_copy_from``, and makes
+``nn.Module._apply`` all or nothing (``module.apply_all_or_nothing``). The kernels create
+and fill ``AhbmTensor`` wrappers on the current machine (``kbtorch.use``); every other op
+reaches ``AhbmTensor.__torch_dispatch__``.
 
 NOTE: the helper is private and may only run once per process; ``register`` is idempotent
 and refuses to run if PrivateUse1 already carries another name.
@@ -14,24 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from ..topology import load_machine
-from .memory import HbmBook
-from .tensor import DEVICE, AhbmTensor, default_spec, is_timing_only
+from ..topology import current_machine
+from .module import apply_all_or_nothing
+from .placement import default_spec
+from .tensor import DEVICE, AhbmTensor, is_timing_only
 
 _LIB = None
-_BOOK = []
-
-
-def n_pes() -> int:
-    return len(load_machine("ahbm").pes)
-
-
-def hbm_book() -> HbmBook:
-    """The HBM book of the device (one per process)."""
-    if not _BOOK:
-        m = load_machine("ahbm")
-        _BOOK.append(HbmBook({pe.id: int(m.node(pe.hbm)["params"]["capacity_gib"] * 2**30) for pe in m.pes}))
-    return _BOOK[0]
 
 
 def register() -> None:
@@ -49,6 +39,9 @@ def register() -> None:
     lib.impl("empty.memory_format", _empty, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    # NOTE: moves of modules to and from ahbm must survive autograd's references and never
+    # stop halfway (see ``module``).
+    torch.nn.Module._apply = apply_all_or_nothing
     _LIB = lib
 
 
@@ -57,22 +50,22 @@ def _home() -> str:
 
 
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    local = torch.empty(size, dtype=dtype or torch.get_default_dtype(), device=_home())
-    return AhbmTensor(local, default_spec(n_pes(), tuple(size)))
+    value = torch.empty(size, dtype=dtype or torch.get_default_dtype(), device=_home())
+    return AhbmTensor(value, default_spec(current_machine(), tuple(size)))
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    local = torch.empty_strided(size, stride, dtype=dtype or torch.get_default_dtype(), device=_home())
-    return AhbmTensor(local, default_spec(n_pes(), tuple(size)))
+    value = torch.empty_strided(size, stride, dtype=dtype or torch.get_default_dtype(), device=_home())
+    return AhbmTensor(value, default_spec(current_machine(), tuple(size)))
 
 
 def _copy_from(src, dst, non_blocking=False):
     """Host <-> ahbm copies (the runtime's untimed deploy and read-back); nothing to copy
     into a timing-only tensor."""
-    value = src._local if isinstance(src, AhbmTensor) else src
+    value = src._value if isinstance(src, AhbmTensor) else src
     if isinstance(dst, AhbmTensor):
-        if not dst._local.is_meta:
-            dst._local.copy_(value)
+        if not dst._value.is_meta:
+            dst._value.copy_(value)
     else:
         dst.copy_(value)
     return dst

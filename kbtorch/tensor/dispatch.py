@@ -1,31 +1,135 @@
-"""Op handlers of the ahbm device, registered by decorator on aten op names.
+"""The one dispatch pipeline of the ahbm device and its handler registry.
 
-A handler takes ``(func, args, kwargs)`` with ``AhbmTensor`` arguments, computes the value
-with torch on the local data (the numeric pass), runs its tile kernel on the simulator
-(the timing pass), records the op on the stream and returns ``AhbmTensor`` results.
+Handlers are registered by decorator on aten overloads or overload packets, in the manner
+of DTensor (``@register(aten.mm.default)``, ``@register(aten.add, aten.add_)``). A handler
+``fn(func, args, kwargs, machine)`` computes the value with torch on the host values (the
+numeric pass), redistributes its inputs as the placements require and runs its tile kernels
+on the simulator (the timing pass); it returns an ``Out``. The dispatcher does the rest:
+records the kernels, wraps the values into ``AhbmTensor``s (booking HBM) placed as told.
 """
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from .kernels import record
+from .placement import Spec, default_spec
+
+DEVICE = "ahbm"
 HANDLERS: dict = {}
 
+#: Composite ops that reach dispatch whole (in inference mode) and run as their aten
+#: decomposition (``linear`` -> ``t`` + ``addmm``/``mm``, ``matmul`` -> ``mm``/``bmm``).
+DECOMPOSE = {"linear", "matmul", "reshape", "flatten", "contiguous"}
 
-def implements(*names: str):
-    """Register the decorated handler for the aten ops ``names`` (overload packet names)."""
+
+@dataclass(frozen=True)
+class Out:
+    """A handler's result: ``value`` (a host tensor or a pytree of them); ``where`` it lies
+    (a ``Spec``, or None: placed by default for its shape); the kernels it ran (``runs``,
+    ``kernels.Timed``, recorded in order); ``view_of``: the ahbm tensor whose buffer the
+    result looks at (a view: no HBM of its own)."""
+
+    value: object
+    where: Spec | None = None
+    runs: tuple = ()
+    view_of: object = None
+
+
+def register(*ops):
+    """Register the decorated handler for aten overloads or overload packets ``ops``."""
     def wrap(fn):
-        for name in names:
-            if name in HANDLERS:
-                raise ValueError(f"aten op '{name}' has two handlers")
-            HANDLERS[name] = fn
+        for op in ops:
+            if op in HANDLERS:
+                raise ValueError(f"aten op '{op}' has two handlers")
+            HANDLERS[op] = fn
         return fn
     return wrap
 
 
+def is_ahbm(x) -> bool:
+    return isinstance(x, torch.Tensor) and hasattr(x, "_spec")
+
+
+def value_of(x):
+    """The numeric value of an ahbm tensor: its global value as one host tensor (anything
+    else passes through)."""
+    return x._value if is_ahbm(x) else x
+
+
+def root(x):
+    """The tensor owning the buffer a view looks at (itself if it is no view).
+
+    NOTE: a root remembers (``_replicated``) that its data was made replicated on its mesh,
+    so that a second view of the same data needs no second all-gather; any in-place op on
+    it or its views forgets it."""
+    return getattr(x, "_root", x)
+
+
+def machine_of(op, args, kwargs):
+    """The machine of an op's ahbm tensors; a mix of two machines is an error naming both."""
+    found = {}
+    for a in tree_flatten((args, kwargs))[0]:
+        if is_ahbm(a):
+            found.setdefault(a._spec.mesh.machine, None)
+    if len(found) > 1:
+        a, b = list(found)[:2]
+        raise RuntimeError(f"kbtorch: {op} mixes ahbm tensors of two machines, '{a.name}' and '{b.name}' "
+                           f"(move them to one machine first)")
+    return next(iter(found), None)
+
+
 def same_device(op: str, args) -> None:
     """torch's error for a mix of ahbm and cpu tensors."""
-    from .tensor import AhbmTensor
-    devices = {("ahbm" if isinstance(a, AhbmTensor) else a.device.type) for a in args if isinstance(a, torch.Tensor)}
+    devices = {("ahbm" if is_ahbm(a) else a.device.type) for a in args if isinstance(a, torch.Tensor)}
     if len(devices) > 1:
         raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                            f"{' and '.join(sorted(devices))}! (when checking arguments of {op})")
+
+
+def dispatch(cls, func, args, kwargs):
+    """Run aten op ``func`` on ahbm tensors of type ``cls``. Order:
+
+    1. the op's machine: the one of its ahbm tensors (two machines: RuntimeError naming
+       both); an in-place op (name ending ``_``) makes its target forget it was replicated;
+    2. the handler: registered for the overload (``aten.mm.default``), else for its packet
+       (``aten.mm``). SDPA arrives here as ``aten.scaled_dot_product_attention.default``
+       from ``AhbmTensor.__torch_function__``, which only forwards to this function (torch
+       would otherwise lower it by backend before dispatch sees it);
+    3. no handler: a composite op of ``DECOMPOSE`` runs as its aten decomposition (each part
+       dispatched again); anything else raises NotImplementedError naming the op;
+    4. the handler's ``Out``: its kernels are recorded on the stream in order (inputs it
+       redistributed were recorded as they ran, before), and its values wrapped as ``cls``
+       on the op's machine, placed by ``where`` (default: by shape), booking HBM unless
+       they are views (a value already on ahbm, as an in-place op's target, stays). Anything else a handler returns (an in-place op's target, a tensor
+       copied off the device) is returned as it is."""
+    name = func.overloadpacket.__name__
+    machine = machine_of(func, args, kwargs)
+    if name.endswith("_") and is_ahbm(args[0]):
+        root(args[0]).__dict__.pop("_replicated", None)
+    handler = HANDLERS.get(func) or HANDLERS.get(func.overloadpacket)
+    if handler is None:
+        if name in DECOMPOSE:
+            out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        raise NotImplementedError(f"kbtorch: {func} on ahbm tensors is not supported yet "
+                                  f"(no tile kernel is registered for it)")
+    out = handler(func, args, kwargs, machine)
+    if not isinstance(out, Out):
+        return out
+    for run in out.runs:
+        record(machine, run)
+    return tree_map(lambda v: _wrap(cls, v, out, machine), out.value)
+
+
+def _wrap(cls, value, out: Out, machine):
+    if not isinstance(value, torch.Tensor) or is_ahbm(value):
+        return value
+    spec = out.where or default_spec(machine, tuple(value.shape))
+    wrapped = cls(value, spec, owns=out.view_of is None)
+    if out.view_of is not None:
+        wrapped._root = root(out.view_of)
+    return wrapped

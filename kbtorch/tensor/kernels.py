@@ -1,45 +1,57 @@
-"""Shared helpers of the op handlers: the machine, dtypes, wrapping and run summaries."""
+"""Shared helpers of the op handlers: dtypes, the vector kernel, timed runs and recording.
+
+Every kernel runs on the machine of the op's tensors (passed in); caches are keyed on it.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
+from ..ops.contract import dtype_of as contract_dtype
 from ..ops.elementwise import elementwise
-from ..profiler import kind_name
-from ..topology import load_machine
-from .stream import STREAM
-
-DTYPES = {torch.float16: ("f16", 2), torch.bfloat16: ("bf16", 2), torch.float32: ("fp32", 4)}
+from ..profiler import kind_name, record as stream_record
+from .placement import Shard, Spec, flat_mesh
 
 
-@lru_cache(maxsize=1)
-def machine():
-    """The AHBM machine the device models (compiled once)."""
-    return load_machine("ahbm")
+@dataclass(frozen=True)
+class Timed:
+    """One kernel an op ran (recorded on the stream by the dispatcher, in order)."""
+
+    name: str
+    shapes: tuple
+    kernel: str
+    result: object
+    flops: int
+    detail: str = ""
 
 
-def vector(op: str, numel: int, *, placed=None, pes=None, shape=None, inputs: int = 2, dtype: str = "f16",
+def timed(name: str, args, kernel: str, result, flops: int, detail: str = "") -> Timed:
+    shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+    return Timed(name, shapes, kernel, result, flops, detail)
+
+
+def vector(machine, op: str, numel: int, *, placed=None, pes=None, shape=None, inputs: int = 2, dtype: str = "f16",
            elem_bytes: int = 2, flops_per_element: int | None = None, out_ratio: float = 1.0):
     """The vector MATH kernel (``ops.elementwise``) for a result of ``numel`` elements on the
     PEs ``pes`` (default: all): split over the PEs that hold a part when ``placed`` is a
     ``Shard`` (at most ``shape[dim]`` of them), else all of it on every PE (replicated:
     redundant work, no communication)."""
-    from .placement import Shard
-    pes = tuple(range(len(machine().pes)) if pes is None else pes)
+    pes = tuple(range(len(machine.pes)) if pes is None else pes)
     if isinstance(placed, Shard):
         if shape:
             pes = pes[:max(1, min(len(pes), shape[placed.dim % len(shape)]))]
         n = numel
     else:
         n = numel * len(pes)
-    return _vector(op, max(1, n), pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio)
+    return _vector(machine, op, max(1, n), pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio)
 
 
 @lru_cache(maxsize=1024)
-def _vector(op, n, pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio):
+def _vector(machine, op, n, pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio):
     # NOTE: cached: the simulator is deterministic, so a layer repeated 28 times is simulated once.
-    return elementwise(op, n, inputs=inputs, dtype=dtype, elem_bytes=elem_bytes, machine=machine(), pes=pes,
+    return elementwise(op, n, inputs=inputs, dtype=dtype, elem_bytes=elem_bytes, machine=machine, pes=pes,
                        flops_per_element=flops_per_element, out_ratio=out_ratio).result
 
 
@@ -49,22 +61,18 @@ def mesh_pes(x) -> tuple | None:
     return tuple(spec.mesh.pes) if spec is not None else None
 
 
-def wrap(out: torch.Tensor, placement=None, like=None):
-    """An op's result as a new ahbm tensor: with ``placement`` on the (flattened) mesh of
-    ``like``, or placed by default for its shape."""
-    from .placement import Mesh, Spec
-    from .tensor import AhbmTensor, default_spec
-    if placement is None or not hasattr(like, "_spec"):
-        return AhbmTensor(out, default_spec(len(machine().pes), tuple(out.shape)))
-    pes = like._spec.mesh.pes
-    return AhbmTensor(out, Spec(Mesh(pes, (len(pes),)), (placement,)))
+def on(like, placement) -> Spec:
+    """``placement`` on the (flattened) mesh of the ahbm tensor ``like``."""
+    return Spec(flat_mesh(like._spec.mesh), (placement,))
 
 
 def dtype_of(op: str, t: torch.Tensor) -> tuple[str, int]:
-    if t.dtype not in DTYPES:
+    """(name, bytes) of a tensor's dtype for the kernels (f16, bf16, fp32)."""
+    if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise NotImplementedError(f"kbtorch: {op} on ahbm tensors of dtype {t.dtype} is not supported "
                                   f"(f16, bf16, fp32)")
-    return DTYPES[t.dtype]
+    d = contract_dtype(t.dtype, op)
+    return d.name, d.bytes
 
 
 def bottleneck(result) -> str:
@@ -73,8 +81,8 @@ def bottleneck(result) -> str:
     return kind_name(max(parts, key=lambda k: (parts[k], k))) if parts else ""
 
 
-def hbm_bytes(result) -> int:
-    return sum(s["bursts"] for s in result.stats["memories"].values()) * machine().flit_bytes
+def hbm_bytes(machine, result) -> int:
+    return sum(s["bursts"] for s in result.stats["memories"].values()) * machine.flit_bytes
 
 
 def usage(result) -> tuple:
@@ -87,8 +95,8 @@ def usage(result) -> tuple:
     return tuple((track, round(min(1.0, f), 4)) for track, f in out)
 
 
-def record(op: str, args, kernel: str, result, flops: int, detail: str = ""):
-    shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
-    return STREAM.record(op, shapes, kernel, result.latency_ns, flops=flops, bytes=hbm_bytes(result),
-                         bottleneck=bottleneck(result), detail=detail, usage=usage(result),
-                         timeline=result.timeline or None)
+def record(machine, run: Timed):
+    """Put a timed kernel on the stream (``profiler.record``)."""
+    r = run.result
+    return stream_record(run.name, run.shapes, run.kernel, r.latency_ns, flops=run.flops, bytes=hbm_bytes(machine, r),
+                         bottleneck=bottleneck(r), detail=run.detail, usage=usage(r), timeline=r.timeline or None)

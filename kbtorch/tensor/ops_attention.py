@@ -1,7 +1,7 @@
 """``F.scaled_dot_product_attention`` on the ahbm device: the fused attention kernel
 (``kbtorch.ops.attention``: FlashAttention-style prefill, split-KV decode with on-PE merges).
 
-Numerics: torch's SDPA on the local values. Timing: the kernel, timing-only, on all PEs for
+Numerics: torch's SDPA on the host values. Timing: the kernel, timing-only, on all PEs for
 the call's (B, Hq, Hkv, Lq, Lk, D, causal, dtype), cached per shape. Inputs of three
 dimensions are taken as a batch of one. A call the kernel does not cover (an explicit
 ``attn_mask``, dropout, a head dimension or dtype it rejects) runs the correct but explicitly
@@ -16,54 +16,51 @@ from __future__ import annotations
 from functools import lru_cache
 from math import prod
 
+import torch
 import torch.nn.functional as F
 
 from ..ops.attention import attention
-from .dispatch import same_device
-from .kernels import dtype_of, machine, record, vector, wrap
+from .dispatch import Out, register, same_device, value_of
+from .kernels import dtype_of, timed, vector
 from .ops_matmul import timed_mm
 from .placement import Shard
-from .tensor import AhbmTensor, local
 
 NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
 @lru_cache(maxsize=128)
-def _fused(shape: tuple, causal: bool, scale, dtype: str):
-    return attention(shape=shape, is_causal=causal, scale=scale, dtype=dtype, machine=machine())
+def _fused(machine, shape: tuple, causal: bool, scale, dtype: str):
+    return attention(shape=shape, is_causal=causal, scale=scale, dtype=dtype, machine=machine)
 
 
-def sdpa(args, kwargs) -> AhbmTensor:
+@register(torch.ops.aten.scaled_dot_product_attention)
+def sdpa(func, args, kwargs, machine):
     """SDPA on ahbm tensors: the fused kernel, or the explicit fallback."""
     call = dict(zip(NAMES, args), **kwargs)
     q, k, v = call["query"], call["key"], call["value"]
     same_device("scaled_dot_product_attention", [q, k, v])
-    out = F.scaled_dot_product_attention(*(local(a) for a in args), **{n: local(x) for n, x in kwargs.items()})
-    dtype, eb = dtype_of("scaled_dot_product_attention", local(q))
+    out = F.scaled_dot_product_attention(*(value_of(a) for a in args), **{n: value_of(x) for n, x in kwargs.items()})
+    dtype, eb = dtype_of("scaled_dot_product_attention", value_of(q))
     if call.get("attn_mask") is not None or call.get("dropout_p", 0.0) or q.dim() not in (3, 4):
-        return _fallback(q, k, v, out, dtype, eb)
+        return Out(out, runs=_fallback(machine, q, k, v, dtype, eb))
     lead = (1,) if q.dim() == 3 else tuple(q.shape[:1])
     shape = (*lead, q.shape[-3], k.shape[-3], q.shape[-2], k.shape[-2], q.shape[-1])
     try:
-        run = _fused(shape, bool(call.get("is_causal", False)), call.get("scale"), dtype)
+        run = _fused(machine, shape, bool(call.get("is_causal", False)), call.get("scale"), dtype)
     except ValueError:
-        return _fallback(q, k, v, out, dtype, eb)
-    record("aten::scaled_dot_product_attention", (q, k, v), f"attention {run.kind}", run.result, run.flops,
-           run.plan)
-    return wrap(out)
+        return Out(out, runs=_fallback(machine, q, k, v, dtype, eb))
+    return Out(out, runs=(timed("aten::scaled_dot_product_attention", (q, k, v), f"attention {run.kind}",
+                                run.result, run.flops, run.plan),))
 
 
-def _fallback(q, k, v, out, dtype: str, eb: int) -> AhbmTensor:
+def _fallback(machine, q, k, v, dtype: str, eb: int) -> tuple:
     *batch, length, e = q.shape
     s, ev = k.shape[-2], v.shape[-1]
     heads = prod(batch)
     note = "unfused fallback (explicitly slow)"
-    for _ in range(heads):
-        timed_mm("sdpa fallback: q @ k^T", (q, k), length, s, e, dtype, note)
-    run = vector("softmax", heads * length * s, placed=Shard(0), inputs=1, dtype=dtype, elem_bytes=eb,
+    scores = tuple(timed_mm(machine, "sdpa fallback: q @ k^T", (q, k), length, s, e, dtype, note) for _ in range(heads))
+    run = vector(machine, "softmax", heads * length * s, placed=Shard(0), inputs=1, dtype=dtype, elem_bytes=eb,
                  flops_per_element=8)
-    record("sdpa fallback: softmax", (q, k), "vector softmax", run, 8 * heads * length * s, note)
-    for _ in range(heads):
-        timed_mm("sdpa fallback: p @ v", (q, v), length, ev, s, dtype, note)
-    return wrap(out)
-
+    softmax = timed("sdpa fallback: softmax", (q, k), "vector softmax", run, 8 * heads * length * s, note)
+    mixes = tuple(timed_mm(machine, "sdpa fallback: p @ v", (q, v), length, ev, s, dtype, note) for _ in range(heads))
+    return (*scores, softmax, *mixes)

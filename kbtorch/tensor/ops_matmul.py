@@ -26,34 +26,35 @@ from ..ops.gemm_kernel import gemm_kernel
 from ..ops.gemm_model import candidates
 from ..ops.gemm_plan import Block as GemmShard
 from ..ops.gemm_plan import split
-from .dispatch import implements, same_device
-from .kernels import dtype_of, machine, mesh_pes, record, vector, wrap
-from .placement import Partial, Replicate, Shard
+from .dispatch import Out, register, same_device, value_of
+from .kernels import dtype_of, on, timed, vector
+from .placement import Partial, Replicate, Shard, default_spec
 from .sharding import flat, placement, settle_partial
-from .tensor import local
+
+aten = torch.ops.aten
 
 
 @lru_cache(maxsize=256)
-def _gemm(m: int, n: int, k: int, dtype: str):
+def _gemm(machine, m: int, n: int, k: int, dtype: str):
     """The GEMM on all PEs, or on the largest of 64, 16, 4, 1 PEs that a small shape can use."""
-    total = len(machine().pes)
+    total = len(machine.pes)
     for count in (total, 64, 16, 4, 1):
         try:
-            return gemm(shape=(m, n, k), dtype=dtype, pes=range(min(count, total)))
+            return gemm(shape=(m, n, k), dtype=dtype, pes=range(min(count, total)), machine=machine)
         except ValueError as exc:
             error = exc
     raise NotImplementedError(f"kbtorch: no GEMM tiling for M={m} N={n} K={k} {dtype}: {error}")
 
 
 @lru_cache(maxsize=256)
-def _sharded(m: int, n: int, k: int, dtype: str, pes: tuple, along: str):
+def _sharded(machine, m: int, n: int, k: int, dtype: str, pes: tuple, along: str):
     """Every PE of ``pes`` multiplies its own slice (``along`` "n" or "k") of the operands
     from its HBM: -> (RunResult, tiling text)."""
     p = min(len(pes), n if along == "n" else k)
     used = pes[:p]
     widest = split(n if along == "n" else k, p, 0)
     shape = (m, widest[1], k) if along == "n" else (m, n, widest[1])
-    ranked = candidates(machine(), *shape, dtype, [used[0]])
+    ranked = candidates(machine, *shape, dtype, [used[0]])
     if not ranked:
         raise NotImplementedError(f"kbtorch: no GEMM tiling for a {'x'.join(map(str, shape))} {dtype} slice per PE")
     tiling = ranked[0][1]
@@ -61,24 +62,25 @@ def _sharded(m: int, n: int, k: int, dtype: str, pes: tuple, along: str):
     for i, pe in enumerate(used):
         nr, kr = (split(n, p, i), (0, k)) if along == "n" else ((0, n), split(k, p, i))
         shards[pe] = GemmShard(pe, i, (0, m), nr, kr, (pe,), pe)
-    result = launch(gemm_kernel, used, machine(), shards, tiling, dtype, True, name="gemm")
+    result = launch(gemm_kernel, used, machine, shards, tiling, dtype, True, name="gemm")
     how = "column-parallel" if along == "n" else "row-parallel"
     return result, f"{how} x{p}, per PE {'x'.join(map(str, shape))}, tile {'x'.join(map(str, tiling.tile))}"
 
 
-def timed_mm(op: str, args, m: int, n: int, k: int, dtype: str, detail: str = ""):
-    run = _gemm(m, n, k, dtype)
-    record(op, args, "gemm", run.result, 2 * m * n * k, detail or run.tiling.describe())
+def timed_mm(machine, op: str, args, m: int, n: int, k: int, dtype: str, detail: str = ""):
+    """The GEMM of ``op`` over all PEs (automatic tiling and grid), as a ``Timed`` run."""
+    run = _gemm(machine, m, n, k, dtype)
+    return timed(op, args, "gemm", run.result, 2 * m * n * k, detail or run.tiling.describe())
 
 
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.float() @ b.float()).to(a.dtype)
 
 
-def _matmul(op: str, a, b):
-    """Time ``a @ b`` by the placement rules; -> result placement (None: default)."""
+def _matmul(machine, op: str, a, b):
+    """Time ``a @ b`` by the placement rules; -> (result placement (None: default), run)."""
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
-    dtype, _ = dtype_of(op, local(a))
+    dtype, _ = dtype_of(op, value_of(a))
     pb = placement(b)
     if isinstance(pb, Shard) and hasattr(a, "_spec"):
         a, b = flat(a), flat(b)
@@ -87,50 +89,52 @@ def _matmul(op: str, a, b):
             a = settle_partial(a)
             if not isinstance(placement(a), Replicate):
                 a = a.redistribute([Replicate()])
-            result, detail = _sharded(m, n, k, dtype, pes, "n")
-            record(op, (a, b), "gemm", result, 2 * m * n * k, detail)
-            return Shard(1)
+            result, detail = _sharded(machine, m, n, k, dtype, pes, "n")
+            return Shard(1), timed(op, (a, b), "gemm", result, 2 * m * n * k, detail)
         pa = placement(settle_partial(a))
         if isinstance(pa, Shard) and pa.dim % 2 == 1 or isinstance(pa, Replicate):
-            result, detail = _sharded(m, n, k, dtype, pes, "k")
-            record(op, (a, b), "gemm", result, 2 * m * n * k, detail)
-            return Partial()
-    timed_mm(op, (a, b), m, n, k, dtype)
-    return None
+            result, detail = _sharded(machine, m, n, k, dtype, pes, "k")
+            return Partial(), timed(op, (a, b), "gemm", result, 2 * m * n * k, detail)
+    return None, timed_mm(machine, op, (a, b), m, n, k, dtype)
 
 
-@implements("mm")
-def mm(func, args, kwargs):
+@register(aten.mm)
+def mm(func, args, kwargs, machine):
     same_device("mm", args)
-    out = _product(local(args[0]), local(args[1]))
-    return wrap(out, _matmul("aten::mm", args[0], args[1]), like=args[1])
+    out = _product(value_of(args[0]), value_of(args[1]))
+    placed, run = _matmul(machine, "aten::mm", args[0], args[1])
+    return Out(out, None if placed is None else on(args[1], placed), runs=(run,))
 
 
-@implements("addmm")
-def addmm(func, args, kwargs):
+@register(aten.addmm)
+def addmm(func, args, kwargs, machine):
+    """``bias + a @ b``: the GEMM, then the bias added on the MATH engines.
+
+    NOTE: a bias must be added once, after the partial sums are reduced: a Partial product
+    is all-reduced first (recorded as it runs, before the GEMM that the dispatcher records
+    with the bias add)."""
     same_device("addmm", args)
-    bias, a, b = (local(x) for x in args[:3])
+    bias, a, b = (value_of(x) for x in args[:3])
     out = (_product(a, b).float() + bias.float()).to(a.dtype)
-    placed = _matmul("aten::addmm", args[1], args[2])
+    placed, run = _matmul(machine, "aten::addmm", args[1], args[2])
     dtype, eb = dtype_of("addmm", a)
     m, n = a.shape[0], b.shape[1]
     if isinstance(placed, Partial):
-        # NOTE: a bias must be added once, after the partial sums are reduced.
-        wrap(out, Partial(), like=args[2]).redistribute([Replicate()])
+        type(args[2])(out, on(args[2], Partial())).redistribute([Replicate()])
         placed = Replicate()
-    result = wrap(out, placed, like=args[2])
-    run = vector("add", m * n, placed=placement(result), pes=mesh_pes(result), shape=(m, n),
-                 dtype=dtype, elem_bytes=eb)
-    record("aten::addmm (bias)", args, "elementwise add", run, m * n)
-    return result
+    where = None if placed is None else on(args[2], placed)
+    spec = where or default_spec(machine, tuple(out.shape))
+    bias_run = vector(machine, "add", m * n, placed=spec.placements[0], pes=tuple(spec.mesh.pes), shape=(m, n),
+                      dtype=dtype, elem_bytes=eb)
+    return Out(out, where, runs=(run, timed("aten::addmm (bias)", args, "elementwise add", bias_run, m * n)))
 
 
-@implements("bmm")
-def bmm(func, args, kwargs):
+@register(aten.bmm)
+def bmm(func, args, kwargs, machine):
     same_device("bmm", args)
-    a, b = local(args[0]), local(args[1])
+    a, b = value_of(args[0]), value_of(args[1])
     out = torch.stack([_product(x, y) for x, y in zip(a, b)])
     dtype, _ = dtype_of("bmm", a)
-    for _ in range(a.shape[0]):
-        timed_mm("aten::bmm", args, a.shape[1], b.shape[2], a.shape[2], dtype)
-    return wrap(out)
+    runs = tuple(timed_mm(machine, "aten::bmm", args, a.shape[1], b.shape[2], a.shape[2], dtype)
+                 for _ in range(a.shape[0]))
+    return Out(out, runs=runs)

@@ -1,34 +1,37 @@
 """Softmax, row reductions and normalisation on the ahbm device: one vector pass each.
 
-Numerics: the torch op on the local values. Timing: the vector MATH kernel over the input's
+Numerics: the torch op on the host values. Timing: the vector MATH kernel over the input's
 elements with the op's work per element (softmax: max, subtract, exp, sum, divide = 8
 flops; log-softmax 9; rms_norm: square, sum, rsqrt, two multiplies = 5; a reduction: 1)
 and its output size (``out_ratio``).
 """
 from __future__ import annotations
 
-from .dispatch import implements, same_device
-from .kernels import dtype_of, mesh_pes, record, vector, wrap
+import torch
+
+from .dispatch import Out, register, same_device, value_of
+from .kernels import dtype_of, mesh_pes, on, timed, vector
 from .sharding import placement, rowwise_input, rowwise_output
-from .tensor import local
+
+aten = torch.ops.aten
 
 FLOPS = {"_softmax": 8, "softmax": 8, "_log_softmax": 9, "log_softmax": 9, "rms_norm": 5, "mean": 1, "sum": 1, "amax": 1, "pow": 1}
 
 
-@implements(*FLOPS)
-def vector_pass(func, args, kwargs):
+@register(*(getattr(aten, name) for name in FLOPS))
+def vector_pass(func, args, kwargs, machine):
     name = func.overloadpacket.__name__
     same_device(name, args)
-    x = local(args[0])
-    out = func(*(local(a) for a in args), **kwargs)
+    x = value_of(args[0])
+    out = func(*(value_of(a) for a in args), **kwargs)
     dtype, eb = dtype_of(name, x)
     dims = _dims(name, args, kwargs, x.dim())
     src = rowwise_input(args[0], dims)
     n = x.numel()
-    run = vector(name, n, placed=placement(src), pes=mesh_pes(src), shape=tuple(src.shape), inputs=1, dtype=dtype,
+    run = vector(machine, name, n, placed=placement(src), pes=mesh_pes(src), shape=tuple(src.shape), inputs=1, dtype=dtype,
                  elem_bytes=eb, flops_per_element=FLOPS[name], out_ratio=out.numel() / max(1, n))
-    record(f"aten::{name}", args, f"vector {name}", run, FLOPS[name] * n)
-    return wrap(out, rowwise_output(src, dims, out.dim()), like=src)
+    return Out(out, on(src, rowwise_output(src, dims, out.dim())),
+               runs=(timed(f"aten::{name}", args, f"vector {name}", run, FLOPS[name] * n),))
 
 
 def _dims(name: str, args, kwargs, rank: int) -> tuple:

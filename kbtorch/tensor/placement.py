@@ -8,8 +8,10 @@ shorter, as ``torch.chunk``), ``Replicate()`` (a full copy at every coordinate) 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
+
+from ..topology import as_machine
 
 
 @dataclass(frozen=True)
@@ -36,12 +38,15 @@ class Partial:
 
 @dataclass(frozen=True)
 class Mesh:
-    """PE ids ``pes`` laid out row-major on a grid of ``shape``."""
+    """PE ids ``pes`` of ``machine`` (default: the current one, ``kbtorch.use``) laid out
+    row-major on a grid of ``shape``. A tensor remembers its machine through its mesh."""
 
     pes: tuple
     shape: tuple
+    machine: object = field(default=None, repr=False)
 
     def __post_init__(self):
+        object.__setattr__(self, "machine", as_machine(self.machine))
         if prod(self.shape) != len(self.pes) or not self.pes:
             raise ValueError(f"mesh of shape {self.shape} needs {prod(self.shape)} PEs, got {len(self.pes)}")
         if len(set(self.pes)) != len(self.pes):
@@ -70,6 +75,26 @@ class Spec:
 
     def __repr__(self) -> str:
         return f"Spec({len(self.mesh.pes)} PEs {self.mesh.shape}, {list(self.placements)})"
+
+
+def flat_mesh(mesh: Mesh) -> Mesh:
+    """The same PEs of the same machine as a one-dimensional mesh."""
+    return Mesh(mesh.pes, (len(mesh.pes),), mesh.machine)
+
+
+#: Elements per PE below which a new tensor is replicated rather than sharded.
+SHARD_MIN_PER_PE = 1024
+
+
+def default_spec(machine, shape: tuple = ()) -> Spec:
+    """Where a new ahbm tensor goes: over a flat mesh of every PE of ``machine``, sharded
+    along its first dimension of at least that many rows if it is large (at least
+    ``SHARD_MIN_PER_PE`` elements per PE: weights, long activations), else replicated
+    (biases, norms' weights, a decode step's activations)."""
+    n = len(machine.pes)
+    mesh = Mesh(tuple(range(n)), (n,), machine)
+    d = first_split_dim(tuple(shape), n) if prod(shape) >= n * SHARD_MIN_PER_PE else None
+    return Spec(mesh, (Shard(d),) if d is not None else (Replicate(),))
 
 
 def first_split_dim(shape: tuple, n_pes: int) -> int | None:

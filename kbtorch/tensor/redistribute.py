@@ -1,6 +1,5 @@
 """Placement changes of ahbm tensors, timed by the collective kernels.
 
-``distribute_tensor(t, mesh, placements)`` deploys a host tensor (untimed, like ``.to``).
 ``redistribute(x, placements)`` changes the placement mesh dimension by mesh dimension and
 runs the collective that change needs on the PEs of every line of that dimension at once,
 recording it on the stream (one line: the algorithm with the least estimate; several:
@@ -25,21 +24,10 @@ from math import prod
 import torch
 
 from ..ops.collective import collective, concurrent
-from .kernels import dtype_of, machine
+from ..profiler import record
+from .dispatch import root
+from .kernels import dtype_of
 from .placement import Partial, Replicate, Shard, Spec
-from .stream import STREAM
-from .tensor import AhbmTensor, root
-
-
-def distribute_tensor(t: torch.Tensor, mesh, placements) -> AhbmTensor:
-    """A host tensor placed on ``mesh`` (untimed deployment, like ``.to("ahbm")``)."""
-    spec = Spec(mesh, tuple(placements))
-    spec.check(tuple(t.shape))
-    for pe in mesh.pes:
-        if not 0 <= pe < len(machine().pes):
-            raise ValueError(f"mesh PE {pe} is outside topology '{machine().name}'")
-    local = t.detach().to("cpu").clone() if not isinstance(t, AhbmTensor) else t._local
-    return AhbmTensor(local, spec)
 
 
 def _lines(mesh, dim: int) -> list[tuple]:
@@ -66,25 +54,28 @@ def _kind(old, new) -> str | None:
 
 
 @lru_cache(maxsize=512)
-def _timed(kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple[float, str]:
+def _timed(machine, kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple[float, str]:
     """(latency ns, algorithm) of the collective on every line at once: one line takes the
     algorithm with the least estimate (``algo="auto"``), several run rings side by side."""
     if len(lines) == 1:
-        run = collective(kind, group=list(lines[0]), nbytes=nbytes, dtype=dtype, algo="auto", machine=machine())
+        run = collective(kind, group=list(lines[0]), nbytes=nbytes, dtype=dtype, algo="auto", machine=machine)
         return run.latency_ns, run.algo
     specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo="ring") for g in lines]
-    return max(concurrent(specs, machine=machine())), "ring"
+    return max(concurrent(specs, machine=machine)), "ring"
 
 
-def redistribute(x: AhbmTensor, placements) -> AhbmTensor:
-    """``x`` with new ``placements`` on the same mesh (see the module docstring)."""
+def redistribute(x, placements):
+    """``x`` (an ``AhbmTensor``) with new ``placements`` on the same mesh (see the module
+    docstring); the result is of ``x``'s type."""
+    # NOTE: ``type(x)`` rather than an import of AhbmTensor, whose methods call this module.
+    wrap = type(x)
     spec = Spec(x._spec.mesh, tuple(placements))
     spec.check(tuple(x.shape))
     everywhere = all(isinstance(p, Replicate) for p in spec.placements)
     base = root(x)
     if everywhere and getattr(base, "_replicated", None) == spec.mesh:
-        return AhbmTensor(x._local, spec, owns=False)
-    name, eb = dtype_of("redistribute", x._local)
+        return wrap(x._value, spec, owns=False)
+    name, eb = dtype_of("redistribute", x._value)
     for dim, (old, new) in enumerate(zip(x._spec.placements, spec.placements)):
         kind = _kind(old, new)
         if kind is None:
@@ -92,15 +83,15 @@ def redistribute(x: AhbmTensor, placements) -> AhbmTensor:
         lines = _lines(spec.mesh, dim)
         n = len(lines[0])
         elems = -(-x.numel() // (2 * n)) * 2 * n
-        latency, algo = _timed(kind, tuple(tuple(g) for g in lines), elems * eb, name)
-        STREAM.record(f"redistribute {old!r}->{new!r}", (tuple(x.shape),), f"{kind} {algo} x{len(lines)}",
+        latency, algo = _timed(spec.mesh.machine, kind, tuple(tuple(g) for g in lines), elems * eb, name)
+        record(f"redistribute {old!r}->{new!r}", (tuple(x.shape),), f"{kind} {algo} x{len(lines)}",
                       latency, bytes=elems * eb * len(lines), detail=f"mesh dim {dim}, {n} PEs per group")
     if everywhere:
         base._replicated = spec.mesh
-    return AhbmTensor(x._local, spec)
+    return wrap(x._value, spec)
 
 
-def full_tensor(x: AhbmTensor) -> torch.Tensor:
+def full_tensor(x) -> torch.Tensor:
     """The global value on the host, after making it replicated (timed)."""
     rep = redistribute(x, [Replicate()] * len(x._spec.placements))
     return rep.cpu()

@@ -19,8 +19,7 @@ PE, a replicated one ``n`` per PE (every PE computes the whole, no communication
 """
 from __future__ import annotations
 
-from .placement import Mesh, Partial, Replicate, Shard, Spec, first_split_dim
-from .tensor import SHARD_MIN_PER_PE, AhbmTensor
+from .placement import SHARD_MIN_PER_PE, Partial, Replicate, Shard, Spec, first_split_dim, flat_mesh
 
 
 def placement(x):
@@ -42,8 +41,7 @@ def flat(x):
     if len(spec.placements) == 1:
         return x
     rep = x.redistribute([Replicate()] * len(spec.placements))
-    mesh = Mesh(spec.mesh.pes, (len(spec.mesh.pes),))
-    return AhbmTensor(rep._local, Spec(mesh, (Replicate(),)), owns=False)
+    return type(x)(rep._value, Spec(flat_mesh(spec.mesh), (Replicate(),)), owns=False)
 
 
 def settle_partial(x, out_shape: tuple | None = None):
