@@ -4,7 +4,7 @@ A tensor placed by ``Spec`` takes, on every PE of its mesh, its size divided by 
 dimensions it is sharded over (``Replicate`` and ``Partial`` keep a full-size buffer). A
 memory node shared by several PEs (a die-wide HBM) holds the parts of all of them, out of
 its one capacity (``machine.memory(pe, "hbm")``, ``machine.node_capacity``). Blocks come
-from the runtime's ``Allocator`` (one memory model). A tensor that does not fit raises
+from the runtime's ``Memories`` (one memory model). A tensor that does not fit raises
 ``HbmFull`` naming the tensor, the PE and the bytes, and leaves the book as it was. Blocks
 return when the tensor is garbage-collected.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import weakref
 from math import prod
 
-from ..runtime.allocator import AllocationError, Allocator
+from ..runtime.memory import AllocationError, Memories
 from .placement import Shard
 
 
@@ -29,8 +29,8 @@ class HbmBook:
 
     def __init__(self, machine):
         self.machine = machine
-        nodes = dict.fromkeys(machine.memory(pe.id, "hbm") for pe in machine.pes)
-        self.nodes = {node: Allocator(node, machine.node_capacity(node)) for node in nodes}
+        memories = Memories(machine)
+        self.nodes = {node: memories.allocator(node) for node in dict.fromkeys(pe.hbm for pe in machine.pes)}
 
     def free(self, pe: int) -> int:
         """Bytes free in PE ``pe``'s HBM node (shared with its other PEs)."""
