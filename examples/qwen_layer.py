@@ -19,6 +19,7 @@ aggregate HBM bandwidth it achieves (weights and KV cache read once per token).
     python examples/qwen_layer.py --config tiny --seq 9 --check      # numerics vs CPU
     python examples/qwen_layer.py --kv-len 16384 --json --trace out.json
     python examples/qwen_layer.py --hf --config tiny --seq 7 --check  # Hugging Face Qwen2DecoderLayer
+    python examples/qwen_layer.py --config tiny --seq 9 --check --topology tests/data/diewide.toml
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ def parse(argv):
     ap.add_argument("--hf", action="store_true", help="run Hugging Face's Qwen2DecoderLayer (needs transformers)")
     ap.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--topology", metavar="NAME|PATH", help="the machine (default: $KBTORCH_TOPOLOGY or ahbm)")
     args = ap.parse_args(argv)
     if args.timing_only is None:
         args.timing_only = args.config == "7b" and not args.check
@@ -137,6 +139,8 @@ def report(args, prof, out, ref, wall: float) -> dict:
 
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.topology:
+        kbtorch.use(args.topology)
     t0 = time.perf_counter()
     if args.hf:
         prof, out, ref = run_hf(args)

@@ -1,7 +1,8 @@
 """Every op family on a machine unlike AHBM (tests/data/diewide.toml: die-wide HBM, other
 engine names and peaks), and the machine API the kernels ask their facts of."""
 import json
-import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -99,3 +100,20 @@ def test_every_family_has_a_bench_command(capsys):
     assert out["family"] == "attention" and out["latency_ns"] > 0 and out["topology"] == "diewide"
     assert main(["bench", "vector", "--op", "silu", "--n", "4096", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["flops"] == 5 * 4096
+
+
+def test_qwen_layer_checks_on_another_machine():
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "examples" / "qwen_layer.py"), "--config", "tiny", "--seq", "9",
+                          "--check", "--json", "--topology", DIEWIDE], capture_output=True, text=True, timeout=120)
+    rec = json.loads(out.stdout)
+    assert out.returncode == 0 and rec["allclose"] and rec["latency_ns"] > 0
+
+
+def test_pe_roles_must_name_nodes_of_the_pe_block(tmp_path):
+    from kbtorch.topology import TopologyError
+    text = Path(DIEWIDE).read_text().replace('gemm = "ttu"', 'gemm = "tensor_unit"')
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    with pytest.raises(TopologyError, match="machine.pe_roles.gemm: names 'tensor_unit'"):
+        load_machine(str(bad))
