@@ -31,14 +31,12 @@ def _signals(items) -> tuple:
     return tuple(Signal(x) if isinstance(x, str) else x for x in ((items,) if isinstance(items, (str, Signal)) else items))
 
 
-def _loc(x) -> Loc:
-    """A location: a ``Loc``, a ``Buf`` (its start) or a memory node's name (offset 0)."""
-    if isinstance(x, Buf):
-        return x.loc()
-    if isinstance(x, str):
-        return Loc(x)
-    if not isinstance(x, Loc):
-        raise TypeError(f"a DMA end must be a Loc, a TCM buffer or a memory node name, got {x!r}")
+def _count(x, what: str, minimum: int = 1) -> int:
+    """``x`` as an int of at least ``minimum``; a TypeError/ValueError naming ``what`` otherwise."""
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"{what} must be an int, got {type(x).__name__} {x!r}")
+    if x < minimum:
+        raise ValueError(f"{what} must be at least {minimum}, got {x}")
     return x
 
 
@@ -102,28 +100,66 @@ class PEContext:
         self.commands.append(cmd)
         return cmd
 
+    def _end(self, x, nbytes: int, stride: int, what: str) -> Loc:
+        """A DMA end (a ``Loc``, a ``Buf`` or a memory node's name) whose whole range (with
+        ``stride`` between bursts) lies inside its buffer, or inside its memory node."""
+        if isinstance(x, str):
+            x = Loc(x)
+        if not isinstance(x, (Loc, Buf)):
+            raise TypeError(f"{self._where(what)} must be a Loc, a buffer or a memory node name, got {x!r}")
+        node = x.node
+        if node not in self.machine.graph or self.machine.graph.nodes[node]["kind"] not in ("hbm", "sram", "tcm"):
+            raise ValueError(f"{self._where(what)}: '{node}' is not a memory node")
+        granule = self.machine.burst_bytes(node) if self.machine.graph.nodes[node]["kind"] != "tcm" \
+            else self.machine.flit_bytes
+        extent = (-(-nbytes // granule) - 1) * stride + granule if stride else nbytes
+        addr = _count(x.addr, f"{self._where(what)} address", 0)
+        size = x.nbytes if isinstance(x, Buf) else self.machine.node_capacity(node)
+        inside = f"buffer '{x.name}'" if isinstance(x, Buf) else f"'{node}'"
+        if extent > size - (0 if isinstance(x, Buf) else addr):
+            raise ValueError(f"{self._where(what)}: {extent} bytes from address {addr} run past the end of {inside} "
+                             f"({size} bytes)")
+        return x.loc() if isinstance(x, Buf) else x
+
+    def _where(self, what: str) -> str:
+        return f"kernel '{self.kernel}' PE {self.pe}: {what}"
+
+    def _dma(self, engine: str, src, dst, nbytes: int, stride: int, **kw) -> Dma:
+        _count(nbytes, self._where("DMA size"))
+        _count(stride, self._where("DMA stride"), 0)
+        src_stride, dst_stride = (stride, 0) if engine == "dma_rd" else (0, stride)
+        return self._add(Dma(self._end(src, nbytes, src_stride, "DMA source"),
+                             self._end(dst, nbytes, dst_stride, "DMA destination"), nbytes, engine=engine,
+                             src_stride=src_stride, dst_stride=dst_stride, **kw))
+
     def dma_read(self, src, dst, nbytes: int, *, stride: int = 0, wait=(), signal=(), notify=(), label="dma_read"):
-        return self._add(Dma(_loc(src), _loc(dst), nbytes, engine="dma_rd", src_stride=stride,
-                             waits=_waits(wait), signals=_signals(signal), notify=tuple(notify), label=label))
+        """Read ``nbytes`` into this PE (``stride``: bytes between the source's bursts)."""
+        return self._dma("dma_rd", src, dst, nbytes, stride, waits=_waits(wait), signals=_signals(signal),
+                         notify=tuple(notify), label=label)
 
     def dma_write(self, src, dst, nbytes: int, *, stride: int = 0, wait=(), signal=(), notify=(), label="dma_write"):
-        return self._add(Dma(_loc(src), _loc(dst), nbytes, engine="dma_wr", dst_stride=stride,
-                             waits=_waits(wait), signals=_signals(signal), notify=tuple(notify), label=label))
+        """Write ``nbytes`` out of this PE (``stride``: bytes between the destination's bursts)."""
+        return self._dma("dma_wr", src, dst, nbytes, stride, waits=_waits(wait), signals=_signals(signal),
+                         notify=tuple(notify), label=label)
 
     def fetch(self, nbytes: int, *, engine: str = "gemm", wait=(), signal=(), label="fetch"):
+        _count(nbytes, self._where("fetch size"))
         return self._add(Fetch(nbytes, engine=engine, waits=_waits(wait), signals=_signals(signal), label=label))
 
     def store(self, nbytes: int, *, engine: str = "gemm", wait=(), signal=(), label="store"):
+        _count(nbytes, self._where("store size"))
         return self._add(Store(nbytes, engine=engine, waits=_waits(wait), signals=_signals(signal), label=label))
 
     def gemm(self, m: int, n: int, k: int, dtype: str = "f16", *, wait=(), signal=(), label="gemm"):
         """An m x k by k x n tile product (2*m*n*k flops) on the GEMM engine."""
+        for name, x in (("m", m), ("n", n), ("k", k)):
+            _count(x, self._where(f"gemm {name}"))
         return self._add(Compute(2 * m * n * k, engine="gemm", dtype=dtype, waits=_waits(wait),
                                  signals=_signals(signal), label=label))
 
     def math(self, op: str, elements: int, dtype: str = "f16", *, wait=(), signal=(), label=None):
         """A vector op over ``elements`` on the MATH engine, at the machine's cost per element."""
-        flops = self.machine.math_flops(op, self.pe) * elements
+        flops = self.machine.math_flops(op, self.pe) * _count(elements, self._where(f"math {op} elements"))
         return self._add(Compute(flops, engine="math", dtype=dtype,
                                  waits=_waits(wait), signals=_signals(signal), label=label or f"math {op}"))
 
