@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
 from tabulate import tabulate
 
+from . import limits
 from .profiler import breakdown_table, path_table
 from .runtime import AllocationError, Runtime
 from .sim.commands import Dma
@@ -86,14 +88,28 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
         machine = load_machine(getattr(args, "name", None) or getattr(args, "topology", "ahbm"))
         data, text = args.func(args, machine)
-    except (UsageError, ValueError, RuntimeError, OSError) as exc:
-        print(f"kbtorch: error: {exc}", file=sys.stderr)
+    except (UsageError, ValueError, TypeError, KeyError, RuntimeError, OSError) as exc:
+        print(f"kbtorch: error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("kbtorch: error: out of memory (the input asks for more than this machine holds)", file=sys.stderr)
         return 2
     try:
-        print(json.dumps(data) if getattr(args, "json", False) else text, flush=True)
+        print(json.dumps(_finite(data)) if getattr(args, "json", False) else text, flush=True)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _finite(x):
+    """``x`` with every non-finite float made None, so that the output is valid JSON."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 def _topo_text(s: dict) -> str:
@@ -190,6 +206,8 @@ def _cmd_hbm(args, machine):
 
 def _cmd_traffic(args, machine):
     mode = "flit" if args.flit_exact else "fast"
+    limits.check("messages", args.messages, "argument --messages")
+    limits.check("flits", args.messages * -(-args.bytes // machine.flit_bytes), "arguments --messages x --bytes")
     msgs = pattern_messages(machine, args.pattern, args.messages, args.bytes, args.seed)
     pairs = pattern_pairs(args.pattern, len(machine.pes), args.messages, args.seed)
     result = Simulator(machine, mode=mode, trace=bool(args.trace)).run_messages(msgs)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import limits
 from ..kernel import launch
 from ..sim.simulator import RunResult
 from . import attention_kernel as ak
@@ -278,6 +279,9 @@ def attention(q=None, k=None, v=None, *, shape=None, is_causal=False, scale=None
     pes = list(range(len(machine.pes))) if pes is None else list(pes)
     if not pes:
         raise ValueError("attention: pes is empty")
+    # NOTE: a lower bound of what the PEs hold: Q, K, V and the output spread evenly over them.
+    need = (2 * sh.b * sh.hq * sh.lq + 2 * sh.b * sh.hkv * sh.lk) * sh.d * sh.eb
+    limits.check_hbm(machine, pes, -(-need // len(pes)), f"attention {base}")
     tiling = tiling or auto_tiling(machine, sh, pes)
     kind, works = _plan(machine, sh, tiling, pes)
     if not _fits(machine, sh, works):

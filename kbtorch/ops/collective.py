@@ -21,12 +21,13 @@ import torch
 
 from ..sim.engine import paused_gc
 from ..sim.network import MODES
+from .. import limits
 from ..kernel import run_programs
 from .contract import DTYPES, OpFamily, OpRun, Param, as_machine, dtype_of, register
 from . import collective_model as model
 from .collective_group import make_grid, resolve_group
 from .collective_kernel import CollectiveKernel
-from .collective_layout import largest_xfer_blocks, packet_size
+from .collective_layout import PAGE, largest_xfer_blocks, packet_size
 from .collective_plan import ALGOS, KINDS, OPS, CollectiveError, reference, schedule
 
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
@@ -84,7 +85,7 @@ class CollectiveRun(OpRun):
 def _shards(kind: str, shards, n: int, nbytes, dtype):
     """Validate shards (one tensor per member) -> (nbytes per member, dtype name)."""
     if shards is None:
-        if nbytes is None or nbytes <= 0:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
             raise CollectiveError("give shards, or nbytes > 0 for a timing-only run")
         try:
             d = dtype_of(dtype, kind)
@@ -199,6 +200,11 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, pac
     grid = make_grid(machine, pes)
     nbytes, dtype = _shards(kind, shards, len(pes), nbytes, dtype)
     eb = DTYPES[dtype].bytes
+    regions = 4 if kind in ("all_reduce", "reduce_scatter") else 3     # input, output, 2 scratch
+    try:
+        limits.check_hbm(machine, pes, regions * -(-nbytes // PAGE) * PAGE, f"{kind} of {nbytes} bytes per member")
+    except ValueError as exc:
+        raise CollectiveError(str(exc)) from None
     if not 0 <= root < len(pes):
         raise CollectiveError(f"broadcast root {root} is not a member rank (0..{len(pes) - 1})")
     if mode not in ("auto", *MODES):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import limits
 from ..kernel import launch
 from ..sim.simulator import RunResult
 from .contract import DTYPES, OpFamily, OpRun, Param, as_machine, dtype_of, register
@@ -107,7 +108,11 @@ def gemm(a=None, b=None, *, shape=None, dtype=None, pes=None, tiling=None, compo
         raise ValueError("gemm: give tensors a and b, or shape=(M, N, K) for a timing-only run")
     check_shape(m, n, k, dtype)
     pes = list(range(len(machine.pes))) if pes is None else list(pes)
+    eb = DTYPES[dtype].bytes
+    # NOTE: a lower bound of what the PEs hold: the operands spread evenly over them.
+    limits.check_hbm(machine, pes, -(-(m * k + k * n + m * n) * eb // len(pes)), f"gemm M={m} N={n} K={k} {dtype}")
     tiling = tiling or auto_tiling(machine, m, n, k, dtype, pes)
+    limits.check("tiles", _tiles(m, n, k, tiling), f"gemm M={m} N={n} K={k} with {tiling.describe()}")
     need = tiling.grid[0] * tiling.grid[1] * tiling.grid[2]
     if need > len(pes):
         raise ValueError(f"gemm: grid {tiling.grid} needs {need} PEs but the group has {len(pes)}")

@@ -65,6 +65,9 @@ def steps(length: int, size: int) -> list[int]:
 
 def check_shape(m: int, n: int, k: int, dtype: str) -> None:
     dtype_of(dtype, "gemm")
+    bad = [f"{name}={x!r}" for name, x in (("M", m), ("N", n), ("K", k)) if isinstance(x, bool) or not isinstance(x, int)]
+    if bad:
+        raise TypeError(f"gemm: shape {', '.join(bad)} must be ints")
     if min(m, n, k) < 1:
         raise ValueError(f"gemm: shape M={m} N={n} K={k} must be positive")
 

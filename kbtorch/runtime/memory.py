@@ -82,6 +82,13 @@ class Allocator:
         raise AllocationError(f"cannot allocate {nbytes} bytes in '{self.node}': {self.free_bytes} bytes free "
                               f"(largest free block {self.largest_free} bytes, capacity {self.capacity})")
 
+    def holds(self, addr: int, nbytes: int) -> bool:
+        """Whether ``[addr, addr + nbytes)`` lies inside one allocated block."""
+        for start, size in self._used.items():
+            if start <= addr and addr + nbytes <= start + size:
+                return True
+        return False
+
     def free(self, addr: int) -> None:
         """Release the block at ``addr``."""
         size = self._used.pop(addr, None)

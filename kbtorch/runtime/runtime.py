@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sim.commands import Command, Loc
+from ..sim.commands import Command, Dma
 from ..sim.simulator import RunResult, Simulator
 from ..topology import Machine, as_machine
 from ..units import check_pe
@@ -71,13 +71,27 @@ class Runtime:
         return np.zeros(buf.nbytes, dtype=np.uint8) if store is None else store.copy()
 
     def launch(self, pe: int, commands) -> None:
-        """Append ``commands`` to PE ``pe``'s program for the next :meth:`run`."""
+        """Append ``commands`` to PE ``pe``'s program for the next :meth:`run`; a DMA must stay
+        inside buffers allocated here (nothing is appended if one does not)."""
         check_pe(pe, len(self.machine.pes))
         commands = list(commands)
         for cmd in commands:
             if not isinstance(cmd, Command):
                 raise TypeError(f"PE {pe}: {cmd!r} is not a command")
+            if isinstance(cmd, Dma):
+                for end, loc, stride in (("source", cmd.src, cmd.src_stride), ("destination", cmd.dst, cmd.dst_stride)):
+                    self._check_range(pe, cmd, end, loc, stride)
         self._programs.setdefault(pe, []).extend(commands)
+
+    def _check_range(self, pe: int, cmd, end: str, loc, stride: int) -> None:
+        node = self.machine.graph.nodes.get(loc.node)
+        granule = self.machine.flit_bytes if node is None or node["kind"] == "tcm" else self.machine.burst_bytes(loc.node)
+        extent = (-(-cmd.nbytes // granule) - 1) * stride + granule if stride else cmd.nbytes
+        ok = isinstance(loc.addr, int) and loc.addr >= 0 and cmd.nbytes > 0 and loc.node in self.memories.allocators \
+            and self.memories.allocators[loc.node].holds(loc.addr, extent)
+        if not ok:
+            raise ValueError(f"PE {pe} {cmd.describe()}: the {end} range of {extent} bytes at '{loc.node}' address "
+                             f"{loc.addr} is not inside a buffer allocated with Runtime.alloc")
 
     def run(self) -> RunResult:
         """Run every launched program from t = 0 on a fresh simulator; the programs are consumed."""
