@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from kbtorch.sim import symmetry
+from kbtorch.sim import resources, symmetry
 from kbtorch.sim.commands import Command, Compute, Composite, Dma, Fetch, Send, Store
 from kbtorch.sim.components import pe
 from kbtorch.sim.registry import Registry, UnknownCommand
@@ -47,7 +47,7 @@ def test_a_type_is_registered_once():
         reg.register(Dma)(repr)
 
 
-@pytest.mark.parametrize("registry", [pe.EXECUTE, symmetry.PATHS])
+@pytest.mark.parametrize("registry", [pe.EXECUTE, symmetry.PATHS, resources.LOAD])
 def test_every_command_type_has_a_handler_in_every_registry(registry):
     assert set(registry.own) == {Dma, Compute, Send, Fetch, Store, Composite}
 
@@ -57,6 +57,8 @@ def test_simulating_an_unregistered_command_names_it(ahbm):
         Simulator(ahbm).run({0: [Halt()]})
 
 
-def test_reducing_an_unregistered_command_names_it(ahbm):
+def test_reducing_and_costing_an_unregistered_command_names_it(ahbm):
     with pytest.raises(UnknownCommand, match="symmetry paths: no handler for command type Halt"):
         symmetry.reduce(ahbm, {0: [Halt()], 1: [Halt()]})
+    with pytest.raises(UnknownCommand, match="resource load: no handler for command type Halt"):
+        resources.resource_ps(ahbm, {0: [Halt()]})

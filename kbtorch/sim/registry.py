@@ -2,8 +2,8 @@
 model treat each kind of command.
 
 A new command type is added by registering a handler for it in every registry that must
-know it (``pe.EXECUTE``, ``symmetry.PATHS``); looking up a type a
-registry has no handler for raises ``UnknownCommand`` naming the type and the registry.
+know it (``pe.EXECUTE``, ``symmetry.PATHS``, ``resources.LOAD``); looking up a type a registry
+has no handler for raises ``UnknownCommand`` naming the type and the registry.
 
 NOTE: a dict from type to handler, not ``functools.singledispatch``: the PE dispatch runs
 once per command started (millions in a large run). Measured per lookup (Python 3.11, the
