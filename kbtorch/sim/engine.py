@@ -11,14 +11,15 @@ Correlation IDs are stamped on every request at injection (``new_corr``) and eve
 record carries one, so a request's trace can be recovered from injection to completion.
 
 NOTE: our own heap of ``(time_ps, priority, seq, fn, args)``, not simpy (issue 13, decided
-by measurement). simpy through its public API only (``Environment.schedule``/``run``, one
-triggered ``Event`` per ``at``) gave the same results, event for event, but cost a third of
-the flit-exact rate: 0.53 M events/s against 0.69 M for this heap (1 MiB PE0->PE255 in flit
-mode, CPU time, best of 5), and 0.46 M against about 0.6 M on contended flit traffic; even
-re-scheduling each train as its own simpy event (a second scheduling path) stayed 15% slower.
-On the coarse ``all_reduce(group="sip", nbytes=1 MiB, algo="ring")`` the heap's call took
-5.0 s of CPU against 6.3 s. The private-simpy engine this replaces ran 0.79 M events/s there
-(its train hops skipped the scheduling call) and 6.1-6.6 s on the coarse all-reduce.
+by measurement, CPU time, best of several runs). simpy through its public API only
+(``Environment.schedule``/``run``, one triggered ``Event`` per ``at``) gave the same
+results, event for event, but cost about 30% of the flit-exact rate: 0.50-0.53 M events/s
+against 0.69-0.73 M for this heap (1 MiB PE0->PE255, flit mode) and 0.40-0.46 M against
+0.53-0.62 M on contended flit traffic; keeping each train as its own simpy event (a second
+way to schedule) was still about 10% slower. The coarse ``all_reduce(group="sip",
+nbytes=1 MiB, algo="ring")`` took 6.3-6.4 s of CPU with simpy against 5.0-5.1 s. For
+reference, the engine this replaces (simpy's private queue, train hops pushed onto it
+directly) ran 0.75-0.79 M events/s and the all-reduce in 6.1-6.6 s.
 """
 from __future__ import annotations
 
