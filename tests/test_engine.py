@@ -2,8 +2,10 @@
 import pytest
 
 from kbtorch.sim import blame
+from kbtorch.sim.commands import Compute, Dma, Loc
 from kbtorch.sim.engine import EDGE, NODE, Engine
-from kbtorch.sim.traffic import PATTERNS, pattern_pairs
+from kbtorch.sim.simulator import Simulator
+from kbtorch.sim.traffic import PATTERNS, pattern_messages, pattern_pairs
 
 
 def test_events_fire_by_time_then_priority_then_insertion():
@@ -17,11 +19,42 @@ def test_events_fire_by_time_then_priority_then_insertion():
     assert eng.now == 5 and eng.events == 4
 
 
+def test_events_scheduled_while_running_queue_behind_equal_ones():
+    eng, fired = Engine(), []
+
+    def first():
+        fired.append("first")
+        eng.at(eng.now, fired.append, "edge-later", priority=EDGE)
+        eng.at(eng.now, fired.append, "node-later")
+
+    eng.at(7, first)
+    eng.at(7, fired.append, "node-queued")
+    eng.at(7, fired.append, "edge-queued", priority=EDGE)
+    eng.run()
+    assert fired == ["first", "node-queued", "node-later", "edge-queued", "edge-later"]
+    assert eng.events == 5
+
+
 def test_scheduling_in_the_past_is_an_error():
     eng = Engine()
     eng.at(10, lambda: eng.at(5, print))
-    with pytest.raises(RuntimeError, match="in the past"):
+    with pytest.raises(RuntimeError, match=r"in the past \(5 < 10 ps\)"):
         eng.run()
+
+
+@pytest.mark.parametrize("mode", ["flit", "fast", "coarse"])
+def test_every_event_of_a_run_is_scheduled_by_engine_at(ahbm, mode, monkeypatch):
+    """One way to schedule: trains, memories and PEs all go through ``Engine.at``."""
+    calls = []
+    at = Engine.at
+    monkeypatch.setattr(Engine, "at", lambda eng, *a, **kw: (calls.append(a[0]), at(eng, *a, **kw)))
+    pes = ahbm.pes
+    result = Simulator(ahbm, mode=mode).run({0: [Dma(Loc(pes[0].hbm), Loc(pes[17].hbm), 300_000),
+                                                 Compute(8000, engine="math")]})
+    assert result.events == len(calls) > 2
+    calls.clear()
+    result = Simulator(ahbm, mode=mode).run_messages(pattern_messages(ahbm, "uniform", 8, 5000, seed=3))
+    assert result.events == len(calls) >= 8
 
 
 def test_correlation_ids_are_unique_and_trace_records_them():

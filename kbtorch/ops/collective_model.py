@@ -1,8 +1,9 @@
 """Analytic models of a collective, reported next to the simulated time.
 
-- ``resource_ps``: the busy time every resource would need for the kernel's own traffic
-  (each link: flits x flit time; each HBM slice: bursts x burst time / channels; each
-  GEMM/MATH engine: its compute; each control processor: the issue cost of its commands).
+- ``resource_ps`` (from ``kbtorch.sim.resources``): the busy time every resource would
+  need for the kernel's own traffic (each link: flits x flit time; each HBM slice: bursts
+  x burst time / channels; each GEMM/MATH engine: its compute; each control processor:
+  the issue cost of its commands).
 - ``startup_ps`` (alpha_min): the longest chain of one-flit transfers that an output
   block depends on, each from the sender's TCM (the fastest place a value can be) to the
   receiver (its TCM for a reduction, then fetch, one MATH element and store; its HBM for a
@@ -22,68 +23,9 @@
 from __future__ import annotations
 
 from collections import Counter
-import functools
 
-from ..sim.commands import Composite, Compute, Dma, Send
 from ..sim.components.dma import data_path
-
-
-def _path_load(machine, loads: Counter, path: tuple, flits: int) -> None:
-    g = machine.graph
-    for u, v in zip(path, path[1:]):
-        loads[(u, v)] += flits * g.edges[u, v]["flit_ps"]
-
-
-def resource_ps(machine, programs: dict) -> Counter:
-    """Busy picoseconds per resource (link tuples, memory and engine node names, ``cp PE``)."""
-    pairs: Counter = Counter()     # (src memory, dst memory) -> flits moved by DMA
-    local: Counter = Counter()     # an engine's TCM link -> flits fetched or stored
-    busy: Counter = Counter()
-    fb = machine.flit_bytes
-    flits = lambda n: max(1, -(-n // fb))  # noqa: E731
-    issue = functools.cache(machine.issue.cmd_ps)
-    compute = functools.cache(lambda eng, flops, dtype: _compute_ps(machine, eng, flops, dtype))
-    for pe, cmds in programs.items():
-        info = machine.pes[pe]
-        tcm = info.node("tcm")
-        cp = f"cp PE {pe}"
-        for c in cmds:
-            busy[cp] += issue(c.desc_bytes)
-            if isinstance(c, Dma):
-                pairs[(c.src.node, c.dst.node)] += flits(c.nbytes)
-            elif isinstance(c, Composite):
-                for mv in c.reads:
-                    pairs[(mv.loc.node, tcm)] += c.tiles * flits(mv.nbytes)
-                writes = c.tiles if c.accumulate == 1 else sum(1 for i in range(c.tiles) if c.stores_after(i))
-                for mv in c.writes:
-                    pairs[(tcm, mv.loc.node)] += writes * flits(mv.nbytes)
-                eng = info.node(c.engine)
-                if c.fetch_bytes:
-                    local[(tcm, eng)] += c.tiles * flits(c.fetch_bytes)
-                if c.store_bytes:
-                    local[(eng, tcm)] += writes * flits(c.store_bytes)
-                busy[eng] += c.tiles * compute(eng, c.flops, c.dtype)
-            elif isinstance(c, Compute):
-                busy[info.node(c.engine)] += compute(info.node(c.engine), c.flops, c.dtype)
-            elif isinstance(c, Send):
-                pairs[(info.node("ipcq"), machine.pes[c.dst_pe].node("ipcq"))] += flits(c.nbytes)
-    for link, n in local.items():
-        _path_load(machine, busy, link, n)
-    g = machine.graph
-    for (src, dst), n in pairs.items():
-        path = machine.route(src, dst) if g.nodes[src]["kind"] == "ipcq" else data_path(machine, src, dst)
-        _path_load(machine, busy, path, n)
-        for node in (src, dst):
-            p = g.nodes[node]
-            if p["kind"] in ("hbm", "sram"):
-                burst_ps = round(p["params"]["burst_bytes"] * 1000 / p["params"]["channel_gbps"])
-                busy[node] += n * burst_ps // p["params"].get("channels", 1)
-    return busy
-
-
-def _compute_ps(machine, engine: str, flops: int, dtype: str) -> int:
-    rate = machine.node(engine)["params"].get("tflops", {}).get(dtype)
-    return round(flops / rate) if rate else 0
+from ..sim.resources import resource_ps  # noqa: F401 (part of this module's models)
 
 
 def describe(resource) -> str:

@@ -28,8 +28,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, is_dataclass
 from functools import lru_cache
 
-from .commands import Composite, Dma, Loc, Send
+from .commands import Composite, Compute, Dma, Fetch, Loc, Send, Store
 from .components.dma import data_path
+from .registry import Registry
+
+#: What each command type uses: ``handler(machine, info, cmd, keys, peers)`` adds the node
+#: paths it moves data on (``("data" | "route", src, dst)``) to ``keys`` and the PEs it sends
+#: to to ``peers`` (``info``: the issuing PE).
+PATHS = Registry("symmetry paths")
 
 
 @dataclass(frozen=True)
@@ -77,20 +83,35 @@ def _levels(prefix: str) -> list[str]:
     return [".".join(parts[:i]) + "." for i in range(len(parts), 0, -1)]
 
 
+@PATHS.register(Dma)
+def _dma(machine, info, cmd, keys: set, peers: set) -> None:
+    keys.add(("data", cmd.src.node, cmd.dst.node))
+
+
+@PATHS.register(Composite)
+def _composite(machine, info, cmd, keys: set, peers: set) -> None:
+    tcm = info.node("tcm")
+    keys.update(("data", m.loc.node, tcm) for m in cmd.reads)
+    keys.update(("data", tcm, m.loc.node) for m in cmd.writes)
+
+
+@PATHS.register(Send)
+def _send(machine, info, cmd, keys: set, peers: set) -> None:
+    peers.add(cmd.dst_pe)
+    keys.add(("route", info.node("ipcq"), machine.pes[cmd.dst_pe].node("ipcq")))
+
+
+@PATHS.register(Compute, Fetch, Store)
+def _inside(machine, info, cmd, keys: set, peers: set) -> None:
+    """NOTE: compute, fetch and store stay inside their PE (its engines and TCM links)."""
+
+
 def _paths(machine, pe: int, cmds) -> tuple[set, set]:
     """(node paths, peer PEs) that PE ``pe``'s commands use."""
     info = machine.pes[pe]
-    tcm = info.node("tcm")
     keys, peers = set(), set()
     for cmd in cmds:
-        if isinstance(cmd, Dma):
-            keys.add(("data", cmd.src.node, cmd.dst.node))
-        elif isinstance(cmd, Composite):
-            keys.update(("data", m.loc.node, tcm) for m in cmd.reads)
-            keys.update(("data", tcm, m.loc.node) for m in cmd.writes)
-        elif isinstance(cmd, Send):
-            peers.add(cmd.dst_pe)
-            keys.add(("route", info.node("ipcq"), machine.pes[cmd.dst_pe].node("ipcq")))
+        PATHS[type(cmd)](machine, info, cmd, keys, peers)
         peers.update(p for p, _ in cmd.notify)
     return keys, peers
 

@@ -15,11 +15,16 @@ from math import ceil
 
 from ..commands import Composite, Compute, Dma, Fetch, Send, Store
 from ..network import arrive
+from ..registry import Registry
 from .composite import CompositeRun
 
 
 #: Busy spans kept per engine of the timeline PE (a bound on a run's timeline size).
 SPANS_MAX = 2000
+
+#: How an engine executes each command type: ``handler(pe, q, p, now, chain)`` starts
+#: ``p.cmd`` on engine queue ``q`` of PE model ``pe`` at ``now``.
+EXECUTE = Registry("PE execute")
 
 
 class Pending:
@@ -165,20 +170,16 @@ class PEModel:
             q.try_start()
 
     def execute(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
-        cmd = p.cmd
-        if isinstance(cmd, Dma):
-            self.sim.dma.start(self, q, p, now, chain)
-        elif isinstance(cmd, Compute):
-            self._compute(q, p, now, chain)
-        elif isinstance(cmd, Send):
-            self._send(q, p, now, chain)
-        elif isinstance(cmd, (Fetch, Store)):
-            self._local(q, p, now, chain)
-        elif isinstance(cmd, Composite):
-            prev = self.composites.get(q.role)
-            self.composites[q.role] = CompositeRun(self, q, p, now, chain, prev if prev and not prev.finished else None)
-        else:
-            raise TypeError(f"PE {self.info.id}: unknown command {cmd!r}")
+        EXECUTE[type(p.cmd)](self, q, p, now, chain)
+
+    @EXECUTE.register(Dma)
+    def _dma(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
+        self.sim.dma.start(self, q, p, now, chain)
+
+    @EXECUTE.register(Composite)
+    def _composite(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
+        prev = self.composites.get(q.role)
+        self.composites[q.role] = CompositeRun(self, q, p, now, chain, prev if prev and not prev.finished else None)
 
     def service_ps(self, q: EngineQueue, cmd) -> int:
         """Time (ps) engine ``q`` takes for ``cmd.flops`` at its ``cmd.dtype`` rate."""
@@ -187,6 +188,7 @@ class PEModel:
             raise ValueError(f"PE {self.info.id} {q.role}: no rate for dtype '{cmd.dtype}' (have {sorted(rates)})")
         return max(1, ceil(cmd.flops / rates[cmd.dtype]))  # flops / (TFLOP/s) = ps
 
+    @EXECUTE.register(Compute)
     def _compute(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
         cmd = p.cmd
         service = self.service_ps(q, cmd)
@@ -198,10 +200,17 @@ class PEModel:
         q.release(t, chain)
         self.complete(q, p, t, chain)
 
-    def _local(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
+    @EXECUTE.register(Fetch)
+    def _fetch(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
+        self._local(q, p, now, chain, (self.info.node("tcm"), q.node))
+
+    @EXECUTE.register(Store)
+    def _store(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
+        self._local(q, p, now, chain, (q.node, self.info.node("tcm")))
+
+    def _local(self, q: EngineQueue, p: Pending, now: int, chain, path: tuple) -> None:
         """Fetch (TCM -> engine) or Store (engine -> TCM) over the PE's TCM link."""
-        tcm, net = self.info.node("tcm"), self.sim.network
-        path = (tcm, q.node) if isinstance(p.cmd, Fetch) else (q.node, tcm)
+        net = self.sim.network
 
         def done(t, c):
             q.release(t, c)
@@ -209,6 +218,7 @@ class PEModel:
 
         net.send(net.message(path, net.flits(p.cmd.nbytes), arrive, done, what=p.cmd.describe()), now, chain, whole=True)
 
+    @EXECUTE.register(Send)
     def _send(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
         cmd = p.cmd
         dst_pe = self.sim.pe(cmd.dst_pe)

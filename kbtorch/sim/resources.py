@@ -1,0 +1,106 @@
+"""Busy time per resource of a set of programs, without simulating them.
+
+``resource_ps`` adds up what every resource would need for the programs' own traffic: each
+link flits x flit time; each HBM/SRAM slice bursts x burst time / channels; each GEMM/MATH
+engine its compute; each control processor the issue cost of its commands. The busiest
+resource is a lower bound on any run of the programs (``ops.collective_model`` reports it).
+"""
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+from .commands import Composite, Compute, Dma, Fetch, Send, Store
+from .components.dma import data_path
+from .registry import Registry
+
+#: What each command type loads: ``handler(load, info, cmd)`` adds its traffic to ``load``
+#: (a ``_Load``; ``info``: the issuing PE). Every command also costs its issue.
+LOAD = Registry("resource load")
+
+
+class _Load:
+    """The traffic of one ``resource_ps`` call, gathered command by command."""
+
+    def __init__(self, machine):
+        self.machine = machine
+        self.pairs: Counter = Counter()     # (src memory, dst memory) -> flits moved by DMA
+        self.local: Counter = Counter()     # an engine's TCM link -> flits fetched or stored
+        self.busy: Counter = Counter()
+        fb = machine.flit_bytes
+        self.flits = lambda n: max(1, -(-n // fb))
+        self.issue = functools.cache(machine.issue.cmd_ps)
+        self.compute = functools.cache(lambda eng, flops, dtype: _compute_ps(machine, eng, flops, dtype))
+
+
+@LOAD.register(Dma)
+def _dma(load: _Load, info, c) -> None:
+    load.pairs[(c.src.node, c.dst.node)] += load.flits(c.nbytes)
+
+
+@LOAD.register(Composite)
+def _composite(load: _Load, info, c) -> None:
+    tcm, flits = info.node("tcm"), load.flits
+    for mv in c.reads:
+        load.pairs[(mv.loc.node, tcm)] += c.tiles * flits(mv.nbytes)
+    writes = c.tiles if c.accumulate == 1 else sum(1 for i in range(c.tiles) if c.stores_after(i))
+    for mv in c.writes:
+        load.pairs[(tcm, mv.loc.node)] += writes * flits(mv.nbytes)
+    eng = info.node(c.engine)
+    if c.fetch_bytes:
+        load.local[(tcm, eng)] += c.tiles * flits(c.fetch_bytes)
+    if c.store_bytes:
+        load.local[(eng, tcm)] += writes * flits(c.store_bytes)
+    load.busy[eng] += c.tiles * load.compute(eng, c.flops, c.dtype)
+
+
+@LOAD.register(Compute)
+def _compute(load: _Load, info, c) -> None:
+    eng = info.node(c.engine)
+    load.busy[eng] += load.compute(eng, c.flops, c.dtype)
+
+
+@LOAD.register(Send)
+def _send(load: _Load, info, c) -> None:
+    load.pairs[(info.node("ipcq"), load.machine.pes[c.dst_pe].node("ipcq"))] += load.flits(c.nbytes)
+
+
+@LOAD.register(Fetch, Store)
+def _issue_only(load: _Load, info, c) -> None:
+    """NOTE: a simple fetch or store counts its issue only (its TCM link is not added up),
+    as the model always did; composites count their fetches and stores."""
+
+
+def resource_ps(machine, programs: dict) -> Counter:
+    """Busy picoseconds per resource (link tuples, memory and engine node names, ``cp PE``)."""
+    load = _Load(machine)
+    busy = load.busy
+    for pe, cmds in programs.items():
+        info = machine.pes[pe]
+        cp = f"cp PE {pe}"
+        for c in cmds:
+            busy[cp] += load.issue(c.desc_bytes)
+            LOAD[type(c)](load, info, c)
+    for link, n in load.local.items():
+        _path_load(machine, busy, link, n)
+    g = machine.graph
+    for (src, dst), n in load.pairs.items():
+        path = machine.route(src, dst) if g.nodes[src]["kind"] == "ipcq" else data_path(machine, src, dst)
+        _path_load(machine, busy, path, n)
+        for node in (src, dst):
+            p = g.nodes[node]
+            if p["kind"] in ("hbm", "sram"):
+                burst_ps = round(p["params"]["burst_bytes"] * 1000 / p["params"]["channel_gbps"])
+                busy[node] += n * burst_ps // p["params"].get("channels", 1)
+    return busy
+
+
+def _path_load(machine, loads: Counter, path: tuple, flits: int) -> None:
+    g = machine.graph
+    for u, v in zip(path, path[1:]):
+        loads[(u, v)] += flits * g.edges[u, v]["flit_ps"]
+
+
+def _compute_ps(machine, engine: str, flops: int, dtype: str) -> int:
+    rate = machine.node(engine)["params"].get("tflops", {}).get(dtype)
+    return round(flops / rate) if rate else 0
