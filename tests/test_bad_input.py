@@ -31,8 +31,10 @@ CLI = {
     "huge messages": (["bench", "traffic", "--messages", "5", "--bytes", "1000GiB"], "KBTORCH_MAX_FLITS"),
     "unknown topology": (["topo", "nowhere"], "unknown topology"),
     "a directory as topology": (["topo", "/"], "/"),
-    "attention too large": (["bench", "attention", "--hq", "64", "--hkv", "8", "--lq", "1", "--lk", "100000000"],
+    "attention too large": (["bench", "attention", "--hq", "64", "--hkv", "8", "--lq", "1", "--lk", "10000000000"],
                             "bytes of HBM"),
+    "attention too many tiles": (["bench", "attention", "--hq", "64", "--hkv", "8", "--lq", "1", "--lk", "100000000"],
+                                 "tiles exceed the limit"),
     "unknown vector op": (["bench", "vector", "--op", "tanhh", "--n", "64"], "no cost for op 'tanhh'"),
 }
 

@@ -282,6 +282,10 @@ def attention(q=None, k=None, v=None, *, shape=None, is_causal=False, scale=None
     # NOTE: a lower bound of what the PEs hold: Q, K, V and the output spread evenly over them.
     need = (2 * sh.b * sh.hq * sh.lq + 2 * sh.b * sh.hkv * sh.lk) * sh.d * sh.eb
     limits.check_hbm(machine, pes, -(-need // len(pes)), f"attention {base}")
+    # NOTE: a lower bound of the tiles any tiling makes: key tiles of the largest size times
+    # row blocks of the most rows.
+    tiles = sh.b * sh.hkv * -(-sh.lk // max(DECODE_BC, PREFILL_BC)) * -(-sh.lq * sh.group // MAX_ROWS)
+    limits.check("tiles", tiles, f"attention {base}")
     tiling = tiling or auto_tiling(machine, sh, pes)
     kind, works = _plan(machine, sh, tiling, pes)
     if not _fits(machine, sh, works):
