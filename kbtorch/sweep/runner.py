@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .spec import Spec, load_spec
 from .store import Store, point_key
-from .workloads import run_point
+from .workloads import add_paths, run_point
 
 __all__ = ["SweepResult", "execute", "default_store", "chunks_of"]
 
@@ -66,9 +66,7 @@ def chunks_of(items: list, workers: int) -> list:
 
 def run_chunk(points: list, paths: list) -> list:
     """A task: run each point of the chunk in turn -> their figures (import paths set first)."""
-    for p in paths:
-        if p not in sys.path:
-            sys.path.insert(0, p)
+    add_paths(paths)
     return [run_point(p) for p in points]
 
 
@@ -86,10 +84,9 @@ def execute(spec_or_path, *, workers: int | None = None, scheduler: str | None =
         done = db.keys()
         todo = list({k: p for k, p in keyed if k not in done}.items())
         todo.sort(key=lambda kp: (kp[1].topology, json.dumps(kp[1].overrides)))
-        paths = [os.getcwd(), str(Path(spec.path).resolve().parent)]
         failed = 0
         with _bar(len(keyed), len(keyed) - len(todo), progress) as bar:
-            for chunk, figures in _results(chunks_of(todo, workers), paths, workers, scheduler):
+            for chunk, figures in _results(chunks_of(todo, workers), list(spec.import_paths), workers, scheduler):
                 db.put(spec.name, [(k, p.canonical(), _row(k, p, f)) for (k, p), f in zip(chunk, figures)])
                 failed += sum(1 for f in figures if f.get("error"))
                 bar.update(len(chunk))

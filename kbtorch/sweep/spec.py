@@ -11,7 +11,8 @@
     m = 128                                    # its params; a list sweeps them (composite = [true, false])
 
 The points are the cross product of the axes' values and every workload's expanded params,
-or the explicit ``[[points]]`` (``workload = NAME`` plus axis values, e.g.
+(``[sweep] combine = "one_at_a_time"``: the base point and each axis' other values with the
+rest at base), or the explicit ``[[points]]`` (``workload = NAME`` plus axis values, e.g.
 ``"links.noc.bw_gbps" = 512``). Every error names the file and the field
 (``study.toml: axes.links.noc.bw_gbps: ...``), before anything runs.
 """
@@ -31,7 +32,10 @@ from ..topology.overrides import apply_overrides
 from ..topology.validate import validate
 from .workloads import Workload, parse_workload
 
-__all__ = ["SpecError", "Axis", "Point", "Spec", "load_spec"]
+__all__ = ["SpecError", "Axis", "Point", "Spec", "load_spec", "base_value", "COMBINE"]
+
+#: How axes combine: every combination, or one axis away from the base at a time.
+COMBINE = ("product", "one_at_a_time")
 
 
 class SpecError(ValueError):
@@ -78,16 +82,24 @@ class Spec:
     axes: tuple
     workloads: tuple
     points: tuple
+    #: Where ``fn`` workloads are imported from: the working directory and the spec's directory.
+    import_paths: tuple = ()
 
     def base(self, axis: Axis):
         """The axis' value at the base machine: factor 1, the base topology, or the file's value."""
-        if axis.scale:
-            return 1.0 if 1.0 in axis.values else axis.values[0]
-        if not axis.paths:
-            return self.topology if self.topology in axis.values else axis.values[0]
-        doc = read_toml(topology_path(self.topology))
-        value = _get(doc, axis.paths[0])
-        return value if value in axis.values else axis.values[0]
+        return base_value(axis, self.topology)
+
+
+def base_value(axis: Axis, topology: str):
+    """``axis``' value on ``topology`` unchanged (factor 1, the topology, the file's value),
+    else its first value."""
+    if axis.scale:
+        value = 1.0
+    elif not axis.paths:
+        value = topology
+    else:
+        value = _get(read_toml(topology_path(topology)), axis.paths[0])
+    return value if value in axis.values else axis.values[0]
 
 
 def load_spec(path) -> Spec:
@@ -104,20 +116,26 @@ def load_spec(path) -> Spec:
     if unknown:
         raise SpecError(path, unknown[0], "unknown section (known: sweep, axes, workloads, points)")
     head = _table(doc.get("sweep", {}), path, "sweep")
-    bad = sorted(set(head) - {"topology", "name"})
+    bad = sorted(set(head) - {"topology", "name", "combine"})
     if bad:
-        raise SpecError(path, f"sweep.{bad[0]}", "unknown field (known: topology, name)")
+        raise SpecError(path, f"sweep.{bad[0]}", "unknown field (known: topology, name, combine)")
+    combine = head.get("combine", "product")
+    if combine not in COMBINE:
+        raise SpecError(path, "sweep.combine", f"expected one of {', '.join(COMBINE)}, got {combine!r}")
     base = _topology(head.get("topology", "ahbm"), path, "sweep.topology")
     axes = tuple(_axes(_table(doc.get("axes", {}), path, "axes"), path))
     wl = _table(doc.get("workloads", {}), path, "workloads")
     if not wl:
         raise SpecError(path, "workloads", "no workload: add a [workloads.NAME] table")
-    workloads = tuple(parse_workload(name, _table(t, path, f"workloads.{name}"), path, SpecError) for name, t in wl.items())
+    paths = (os.getcwd(), str(Path(path).resolve().parent))
+    workloads = tuple(parse_workload(name, _table(t, path, f"workloads.{name}"), path, SpecError, paths)
+                      for name, t in wl.items())
     raw_points = doc.get("points")
     if raw_points is not None and axes:
         raise SpecError(path, "points", "give either [axes] (cross product) or [[points]] (explicit), not both")
-    points = _explicit(raw_points, base, workloads, path) if raw_points is not None else _product(base, axes, workloads, path)
-    return Spec(path, head.get("name", Path(path).stem), base, axes, workloads, tuple(points))
+    points = _explicit(raw_points, base, workloads, path) if raw_points is not None \
+        else _product(base, axes, workloads, path, combine)
+    return Spec(path, head.get("name", Path(path).stem), base, axes, workloads, tuple(points), paths)
 
 
 def _table(value, path, field) -> dict:
@@ -203,10 +221,20 @@ def _overrides(topology: str, settings: dict, path: str, field: str) -> tuple:
     return tuple(sorted(out.items()))
 
 
-def _product(base: str, axes: tuple, workloads: tuple, path: str) -> list:
+def _combos(base: str, axes: tuple, combine: str) -> list:
+    """Every combination of the axes' values, or (``one_at_a_time``) the base and each axis'
+    other values with the rest at base."""
+    if combine == "product":
+        return list(itertools.product(*(a.values for a in axes)))
+    at_base = tuple(base_value(a, base) for a in axes)
+    return [at_base] + [at_base[:i] + (v,) + at_base[i + 1:] for i, a in enumerate(axes) for v in a.values
+                        if v != at_base[i]]
+
+
+def _product(base: str, axes: tuple, workloads: tuple, path: str, combine: str) -> list:
     points = []
     checked: dict = {}
-    for combo in itertools.product(*(a.values for a in axes)):
+    for combo in _combos(base, axes, combine):
         chosen = dict(zip(axes, combo))
         topo = next((v for a, v in chosen.items() if not a.paths), base)
         settings = {a: v for a, v in chosen.items() if a.paths}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import itertools
+import sys
 import time
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ from ..profiler import breakdown_ns
 from ..topology.machine import load_machine
 from ..units import parse_bytes, parse_pes
 
-__all__ = ["Workload", "parse_workload", "run_point", "measure", "BUILTIN"]
+__all__ = ["Workload", "parse_workload", "add_paths", "run_point", "measure", "BUILTIN"]
 
 #: Workloads by name that live outside kbtorch (the repository's models, on sys.path).
 BUILTIN = {"qwen_layer": "models.qwen2_sweep:layer"}
@@ -40,8 +41,9 @@ class Workload:
                 for combo in itertools.product(*(vals for _, vals in self.swept))]
 
 
-def parse_workload(name: str, table: dict, path: str, error) -> Workload:
-    """Check ``[workloads.NAME]`` against its family's params or function's signature."""
+def parse_workload(name: str, table: dict, path: str, error, paths: tuple = ()) -> Workload:
+    """Check ``[workloads.NAME]`` against its family's params or function's signature (a
+    function is imported with ``paths`` on sys.path)."""
     field = f"workloads.{name}"
     table = dict(table)
     op, fn = table.pop("op", None), table.pop("fn", None)
@@ -49,6 +51,7 @@ def parse_workload(name: str, table: dict, path: str, error) -> Workload:
         raise error(path, field, "give exactly one of op (a registered op family or qwen_layer) and fn ('module:function')")
     target = fn if fn is not None else BUILTIN.get(op, op)
     if ":" in target:
+        add_paths(paths)
         accepts = _signature(target, path, f"{field}.{'fn' if fn else 'op'}", error)
         kinds = {}
         unknown = [p for p in table if accepts is not None and p not in accepts]
@@ -84,6 +87,13 @@ def _signature(target: str, path, field, error):
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return None
     return [n for n in params if n != "machine"]
+
+
+def add_paths(paths) -> None:
+    """Put ``paths`` (the spec's directory, the working directory) on sys.path, for ``fn`` workloads."""
+    for p in paths:
+        if p not in sys.path:
+            sys.path.insert(0, p)
 
 
 def resolve(target: str):
