@@ -46,8 +46,13 @@ def export(df, fmt: str, path: str) -> None:
         df.to_parquet(path, index=False)
     else:
         with open(path, "w") as fh:
-            fh.write(df[[c for c in df.columns if not c.startswith("ns_") and c not in ("key", "wall_s", "events")]]
-                     .to_markdown(index=False, floatfmt=".4g") + "\n")
+            shown = df[[c for c in df.columns if not c.startswith("ns_") and c not in ("key", "wall_s", "events")]]
+            fh.write(_blank(shown).to_markdown(index=False, floatfmt=".4g") + "\n")
+
+
+def _blank(df):
+    """Missing cells (a param another workload has) as empty cells, not ``nan``."""
+    return df.astype(object).where(df.notna(), "")
 
 
 def _cmd_sweep(args, _machine):
@@ -72,7 +77,7 @@ def _cmd_sweep(args, _machine):
 def _text(df, data: dict) -> str:
     point_cols = [c for c in df.columns if c not in ("key", "plan", "events", "wall_s") and not c.startswith("ns_")
                   and c not in SHOWN]
-    table = df[point_cols + [c for c in SHOWN if c in df.columns]].to_markdown(index=False, floatfmt=".4g")
+    table = _blank(df[point_cols + [c for c in SHOWN if c in df.columns]]).to_markdown(index=False, floatfmt=".4g")
     head = (f"sweep {data['spec']}: {data['points']} points ({data['ran']} run now, the rest from {data['store']}) "
             f"in {data['wall_s']:.1f} s; {len(data['failed'])} failed")
     lines = [head, "", table]
