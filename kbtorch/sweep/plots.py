@@ -108,7 +108,7 @@ def sensitivity_plot(df, spec, path: str) -> str:
         ax.barh(i, ratios[len(ratios) // 2] - 1, left=1, color="tab:blue", alpha=0.7)
         ax.plot(ratios, [i] * len(ratios), "k|", markersize=12)
     ax.set_yticks(range(len(ranked)), [a for a, _ in ranked])
-    ax.set_xlabel("max / min latency over the axis, others at base (bar: median over workloads; ticks: each)")
+    ax.set_xlabel("max/min latency over the axis, others at base\n(bar: median over workloads; ticks: each workload)")
     ax.set_title(f"{spec.name}: which hardware levers move the result")
     ax.grid(True, axis="x", alpha=0.3)
     return _save(fig, path)
@@ -132,7 +132,26 @@ def plot_all(df, spec, directory: str) -> list:
         out.append(heatmap(df, spec, multi[0], multi[1], wl, f"{base}_heatmap.png"))
     if multi:
         out.append(sensitivity_plot(df, spec, f"{base}_sensitivity.png"))
+    else:
+        out.append(points_plot(df, spec, f"{base}_points.png"))
     return out
+
+
+def points_plot(df, spec, path: str) -> str:
+    """Without axes: every point's latency, labelled by its workload and swept params."""
+    plt = _plt()
+    ok = df[df["error"].isna()]
+    swept = list(dict.fromkeys(n for w in spec.workloads for n, _ in w.swept))
+    labels = [" ".join([str(r["workload"])] + [f"{n}={r[n]}" for n in swept if n in r and r[n] == r[n]])
+              for _, r in ok.iterrows()]
+    fig, ax = plt.subplots(figsize=(7.2, 0.32 * len(ok) + 1.4))
+    ax.barh(range(len(ok)), ok["latency_ns"], color="tab:blue", alpha=0.7)
+    ax.set_yticks(range(len(ok)), labels, fontsize="small")
+    ax.invert_yaxis()
+    ax.set_xlabel("latency (ns)")
+    ax.set_title(f"{spec.name}: latency per point")
+    ax.grid(True, axis="x", alpha=0.3)
+    return _save(fig, path)
 
 
 def _file(name: str) -> str:
