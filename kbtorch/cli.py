@@ -24,6 +24,7 @@ from .sim.traffic import PATTERNS, pattern_messages, pattern_pairs
 from .topology.machine import load_machine
 from .cli_common import _byte_count, _pe_arg, _pes_arg, _run_info, _write_trace
 from .cli_ops import add_family_parsers
+from .cli_sweep import add_parser as add_sweep_parser
 from .units import fmt_bytes, fmt_ns, parse_bytes
 
 HBM_PATTERNS = ("uniform", "hot-channel")
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_topo)
     bench = sub.add_parser("bench", help="micro-benchmarks").add_subparsers(dest="bench", metavar="BENCH", required=True)
     _bench_parsers(bench, common)
+    add_sweep_parser(sub, common)
     return parser
 
 
@@ -86,7 +88,8 @@ def main(argv=None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); -> exit status."""
     try:
         args = build_parser().parse_args(argv)
-        machine = load_machine(getattr(args, "name", None) or getattr(args, "topology", "ahbm"))
+        machine = load_machine(getattr(args, "name", None) or getattr(args, "topology", "ahbm")) \
+            if getattr(args, "needs_machine", True) else None
         data, text = args.func(args, machine)
     except (UsageError, ValueError, TypeError, KeyError, RuntimeError, OSError) as exc:
         print(f"kbtorch: error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}", file=sys.stderr)

@@ -130,10 +130,20 @@ def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.float() @ b.float()).to(a.dtype)
 
 
-register(OpFamily("gemm", lambda machine=None, m=1, n=1, k=1, **kw: gemm(shape=(m, n, k), machine=machine, **kw),
+def _timing(machine=None, m=1, n=1, k=1, tile=None, grid=None, **kw) -> GemmRun:
+    """The family's timing-only run; ``tile`` and ``grid`` together fix the tiling (neither: automatic)."""
+    if (tile is None) != (grid is None):
+        raise ValueError("gemm: give tile and grid together (or neither, for the automatic tiling)")
+    tiling = GemmTiling(tuple(grid), tuple(tile)) if tile is not None else None
+    return gemm(shape=(m, n, k), machine=machine, tiling=tiling, **kw)
+
+
+register(OpFamily("gemm", _timing,
                   reference, (Param("m", "int", required=True, help="rows of A and C"),
                               Param("n", "int", required=True, help="columns of B and C"),
                               Param("k", "int", required=True, help="columns of A, rows of B"),
                               Param("dtype", "dtype", "f16"), Param("pes", "pes"),
-                              Param("composite", "flag", True, help="composite commands (off: individual ones)")),
+                              Param("composite", "flag", True, help="composite commands (off: individual ones)"),
+                              Param("tile", "shape", help="macro-tile TM,TN,TK (with grid; default: automatic)"),
+                              Param("grid", "shape", help="PE grid GM,GN,GK (with tile; default: automatic)")),
                   help="C[M,N] = A[M,K] @ B[K,N] on the PEs", cli="kbtorch.cli_gemm:add_parser"))
