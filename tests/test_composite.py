@@ -29,8 +29,8 @@ def chained(pe, tiles):
 
 def test_descriptor_size_and_issue_cost(ahbm):
     cmd = gemm_composite(ahbm.pes[0], 4)
-    assert cmd.desc_bytes == 32 + 3 * 16 + 3 * 8
-    assert ahbm.issue.cmd_ps(cmd.desc_bytes) == 46_500
+    assert cmd.descriptor(ahbm.issue) == 32 + 3 * 16 + 3 * 8
+    assert ahbm.issue.cmd_ps(cmd.descriptor(ahbm.issue)) == 46_500
 
 
 def test_compute_bound_pipeline_overlaps_stages(ahbm):

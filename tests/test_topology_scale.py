@@ -40,6 +40,7 @@ route_order = ["x", "y"]
 fixed_cycles = 40
 per_byte_cycles = 0.0625
 composite_cap_bytes = 1024
+descriptor_bytes = {{ dma = 32, compute = 32, send = 16, fetch = 32, store = 32, composite = 32, move = 16, stage = 8 }}
 
 [links]
 noc = {{ kind = "noc", bw_gbps = 256, prop_ns = 0 }}

@@ -183,7 +183,7 @@ def _pe_estimate(machine, shape, w, own: float, up: float, ctrl_bytes: int) -> t
     trip = 2 * HOP_NS
     last = tile(w.chunks[-1].keys)
     drain = last[1] + last[0] / 2 + fold + m * d * eb / hbm + trip
-    fill = machine.issue.cmd_ps(32) / 1000 + trip
+    fill = machine.issue.kind_ps("dma") / 1000 + trip
     if steady > read / hbm:             # compute-bound: the first read is not hidden
         fill += (m * d * eb + w.chunks[0].keys * 2 * d * eb) / hbm
     else:                               # HBM-bound: the last chunk's Q K^T waits for its read

@@ -74,7 +74,7 @@ def step_alphas(machine, sched, pes: tuple) -> list[int]:
 
 def launch_ps(machine, pe: int) -> int:
     g, info = machine.graph, machine.pes[pe]
-    return g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"] + machine.issue.cmd_ps(32)
+    return g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"] + machine.issue.kind_ps("dma")
 
 
 def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
@@ -86,10 +86,10 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
     DMA commands; a reduction is its receiver's command of that step), at one command issue
     per active step; plus the launch."""
     cache: dict = {}
-    cmd = machine.issue.cmd_ps(32)
-    # NOTE: a reduction needs a MATH composite of at least FETCH, compute and STORE (32 + 3 x 8
-    # descriptor bytes; the three as simple commands would cost three issues).
-    reduce_cmd = machine.issue.cmd_ps(32 + 3 * 8)
+    cmd = machine.issue.kind_ps("dma")
+    # NOTE: a reduction needs a MATH composite of at least FETCH, compute and STORE (three
+    # stages; the three as simple commands would cost three issues).
+    reduce_cmd = machine.issue.kind_ps("composite", stages=3)
     tail = max(0, -(-packet_bytes // machine.flit_bytes) - 1)
     ready = [{b: 0 for b in sched.holds[m]} for m in range(sched.n)]
     busy, reduced = [0] * sched.n, set()
@@ -140,7 +140,8 @@ def issue_ps(machine, sched, block_bytes: int, packet_bytes: int) -> int:
             if x.reduce:
                 count[x.dst] += packets(len(x.blocks))
                 reduced[x.dst] = True
-    return max(count) * machine.issue.cmd_ps(64)
+    # NOTE: each command counted as a composite of two moves whose stages are not counted (a floor).
+    return max(count) * machine.issue.kind_ps("composite", moves=2)
 
 
 def alpha_beta_ps(machine, sched, pes: tuple, block_bytes: int, packet_bytes: int) -> int:

@@ -65,7 +65,7 @@ def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: Gem
     """The ideal-pipeline latency of the GEMM under ``tiling``."""
     used = tuple(pes[: tiling.grid[0] * tiling.grid[1] * tiling.grid[2]])
     eb = DTYPES[dtype].bytes
-    issue = machine.issue.cmd_ps(104) / 1000 + 3
+    issue = machine.issue.kind_ps("composite", moves=3, stages=3) / 1000 + 3
     worst = None
     for s, hbm, trip in _shard_classes(machine, m, n, k, used, tiling.grid):
         est = _pe_estimate(machine, s, tiling, dtype, eb, hbm, trip, issue)

@@ -4,20 +4,15 @@ Every command may wait on up to two semaphores before it starts (value >= thresh
 the value drops by ``dec``) and signal up to two when it ends. A DMA or composite command may
 also ``notify`` other PEs: each ``(pe, sem)`` entry raises semaphore ``sem`` of PE ``pe`` by
 one when the command's data has been committed (Maia 200's remote semaphore increment
-together with data transmission). ``desc_bytes`` is the
-command's hardware-logical descriptor size, which sets its issue cost on the control
-processor (``d_cmd = FIXED + desc_bytes * R``). Addresses are byte offsets inside a memory
+together with data transmission). ``descriptor(issue)`` is the command's
+hardware-logical descriptor size, from the topology's ``[issue] descriptor_bytes`` (or
+``desc`` where a command gives its own), which sets its issue cost on the control processor
+(``d_cmd = FIXED + descriptor * R``). Addresses are byte offsets inside a memory
 node (an HBM slice, an SRAM, or a PE's TCM).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-#: Default descriptor sizes (bytes) of simple commands; composites carry their own.
-DMA_DESC_BYTES = 32
-COMPUTE_DESC_BYTES = 32
-SEND_DESC_BYTES = 16
-
 
 @dataclass(frozen=True)
 class Wait:
@@ -57,7 +52,7 @@ class Command:
     notify: tuple = field(default=(), kw_only=True)
 
     engine = ""
-    DESC_BYTES = COMPUTE_DESC_BYTES
+    KIND = "compute"
 
     def __post_init__(self):
         for name, items, kind in (("waits", self.waits, Wait), ("signals", self.signals, Signal)):
@@ -67,10 +62,10 @@ class Command:
                    for x in self.notify):
             raise ValueError(f"{self.describe()}: notify takes (pe, semaphore) pairs, got {self.notify!r}")
 
-    @property
-    def desc_bytes(self) -> int:
-        """Hardware-logical descriptor size (bytes): ``desc`` if given, else the default."""
-        return self.desc or self.DESC_BYTES
+    def descriptor(self, issue) -> int:
+        """Hardware-logical descriptor size (bytes): ``desc`` if given, else the machine's
+        for this kind of command (``issue``: the machine's ``IssueCost``)."""
+        return self.desc or issue.descriptor(self.KIND)
 
     def describe(self) -> str:
         return self.label or type(self).__name__.lower()
@@ -91,7 +86,7 @@ class Dma(Command):
     src_stride: int = 0
     dst_stride: int = 0
 
-    DESC_BYTES = DMA_DESC_BYTES
+    KIND = "dma"
 
 
 @dataclass(frozen=True)
@@ -113,7 +108,7 @@ class Send(Command):
     inc: int = 1
     nbytes: int = 0
     engine: str = "ipcq"
-    DESC_BYTES = SEND_DESC_BYTES
+    KIND = "send"
 
 
 @dataclass(frozen=True)
@@ -122,6 +117,7 @@ class Fetch(Command):
 
     nbytes: int
     engine: str = "gemm"
+    KIND = "fetch"
 
 
 @dataclass(frozen=True)
@@ -130,6 +126,7 @@ class Store(Command):
 
     nbytes: int
     engine: str = "gemm"
+    KIND = "store"
 
 
 @dataclass(frozen=True)
@@ -150,8 +147,9 @@ class Composite(Command):
 
     Per tile: every ``reads`` move lands in the TCM ``staging`` area, ``fetch_bytes`` go to
     the engine, ``flops`` run on it; every ``accumulate``-th tile (and the last) stores
-    ``store_bytes`` back to TCM and runs the ``writes`` moves out of it. The descriptor is
-    32 bytes plus 16 per move and 8 per non-empty engine stage.
+    ``store_bytes`` back to TCM and runs the ``writes`` moves out of it. Its descriptor is the
+    machine's ``composite`` bytes plus ``move`` bytes per move and ``stage`` bytes per
+    non-empty engine stage.
     """
 
     tiles: int
@@ -173,10 +171,9 @@ class Composite(Command):
         if not all(isinstance(m, Move) and m.nbytes > 0 for m in self.reads + self.writes):
             raise ValueError(f"{self.describe()}: reads and writes take Move entries of at least one byte")
 
-    @property
-    def desc_bytes(self) -> int:
+    def descriptor(self, issue) -> int:
         stages = sum(1 for x in (self.fetch_bytes, self.flops, self.store_bytes) if x)
-        return 32 + 16 * (len(self.reads) + len(self.writes)) + 8 * stages
+        return self.desc or issue.descriptor("composite", len(self.reads) + len(self.writes), stages)
 
     def stores_after(self, i: int) -> bool:
         """Whether tile ``i`` ends an accumulation (its result is stored and written)."""

@@ -79,7 +79,7 @@ def resource_ps(machine, programs: dict) -> Counter:
         info = machine.pes[pe]
         cp = f"cp PE {pe}"
         for c in cmds:
-            busy[cp] += load.issue(c.desc_bytes)
+            busy[cp] += load.issue(c.descriptor(machine.issue))
             LOAD[type(c)](load, info, c)
     for link, n in load.local.items():
         _path_load(machine, busy, link, n)

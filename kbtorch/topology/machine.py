@@ -25,18 +25,32 @@ PE_ROLES = ("cp", "sched", "dma_rd", "dma_wr", "gemm", "math", "tcm", "ipcq")
 TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topologies"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class IssueCost:
-    """Command-issue cost ``d_cmd = FIXED + b_logical * R`` cycles at ``clock_ghz``."""
+    """Command-issue cost ``d_cmd = FIXED + b_logical * R`` cycles at ``clock_ghz``, with the
+    hardware-logical descriptor size ``b_logical`` of each command kind (``descriptor_bytes``)."""
 
     fixed_cycles: float
     per_byte_cycles: float
     composite_cap_bytes: int
     clock_ghz: float
+    descriptor_bytes: dict
 
     def cmd_ps(self, logical_bytes: int) -> int:
         cycles = self.fixed_cycles + logical_bytes * self.per_byte_cycles
         return round(cycles * 1000 / self.clock_ghz)
+
+    def descriptor(self, kind: str, moves: int = 0, stages: int = 0) -> int:
+        """Descriptor bytes of a ``kind`` command (``dma``, ``compute``, ``send``, ``fetch``,
+        ``store``); a ``composite`` adds ``moves`` read/write moves and ``stages`` engine stages."""
+        d = self.descriptor_bytes
+        if kind == "composite":
+            return d["composite"] + d["move"] * moves + d["stage"] * stages
+        return d[kind]
+
+    def kind_ps(self, kind: str, moves: int = 0, stages: int = 0) -> int:
+        """Issue cost of a ``kind`` command (see ``descriptor``)."""
+        return self.cmd_ps(self.descriptor(kind, moves, stages))
 
 
 @dataclass(frozen=True)
@@ -77,7 +91,8 @@ class Machine(MachineFacts):
         self.path, self.name = raw.path, raw.machine["name"]
         self.flit_bytes = raw.machine["flit_bytes"]
         self.issue = IssueCost(raw.issue["fixed_cycles"], raw.issue["per_byte_cycles"],
-                               int(raw.issue["composite_cap_bytes"]), float(raw.machine["clock_ghz"]))
+                               int(raw.issue["composite_cap_bytes"]), float(raw.machine["clock_ghz"]),
+                               dict(raw.issue["descriptor_bytes"]))
         g = nx.DiGraph(name=self.name)
         for name, attrs in raw.nodes.items():
             g.add_node(name, overhead_ps=_ps(attrs["overhead_ns"]), **attrs)

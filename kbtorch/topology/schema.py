@@ -114,10 +114,16 @@ MACHINE = Record({
     "pe_roles": opt(Map(STR, key=NAME)),
 })
 
+#: Hardware-logical descriptor bytes of each command; a composite's is ``composite`` plus
+#: ``move`` per read or write move and ``stage`` per engine stage it uses.
+DESCRIPTORS = Record({name: req(NONNEG_INT) for name in
+                      ("dma", "compute", "send", "fetch", "store", "composite", "move", "stage")})
+
 ISSUE = Record({
     "fixed_cycles": req(NONNEG_NUM),
     "per_byte_cycles": req(NONNEG_NUM),
     "composite_cap_bytes": req(NONNEG_INT),
+    "descriptor_bytes": req(DESCRIPTORS),
 })
 
 LINK = Record({

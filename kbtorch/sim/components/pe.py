@@ -145,10 +145,11 @@ class PEModel:
         chain = (cp, "fixed", cp_ps, chain) if cp_ps else chain
         for i, cmd in enumerate(cmds):
             q = self.queue(cmd.engine)
-            if cmd.desc_bytes > issue.composite_cap_bytes:
+            desc = cmd.descriptor(issue)
+            if desc > issue.composite_cap_bytes:
                 raise ValueError(f"PE {self.info.id} command #{i} '{cmd.describe()}': descriptor of "
-                                 f"{cmd.desc_bytes} bytes exceeds the {issue.composite_cap_bytes}-byte cap")
-            d = issue.cmd_ps(cmd.desc_bytes)
+                                 f"{desc} bytes exceeds the {issue.composite_cap_bytes}-byte cap")
+            d = issue.cmd_ps(desc)
             t += d
             chain = (cp, "issue", d, chain)
             corr = eng.new_corr()
