@@ -44,8 +44,6 @@ MAX_ROWS = 512
 PREFILL_BC, PREFILL_CHUNK, PREFILL_TAIL, PREFILL_SHRINK = 128, 8, 64, 2
 DECODE_BC, DECODE_CHUNK, DECODE_TAIL, DECODE_SHRINK, DECODE_FAN = 256, 1, 16, 2, 8
 MIN_SPLIT_KEYS = 16
-#: One-way latency (ns) the estimate charges a request or a partial crossing the NoC.
-HOP_NS = 30.0
 
 
 @dataclass(kw_only=True)
@@ -180,7 +178,7 @@ def _pe_estimate(machine, shape, w, own: float, up: float, ctrl_bytes: int) -> t
     t_gemm = sum(n * tile(keys)[0] for n, keys in runs)
     t_math = sum(n * tile(keys)[1] for n, keys in runs) + fold * sum(1 for c in w.chunks if not c.first)
     steady = max(t_gemm, t_math, read / hbm)
-    trip = 2 * HOP_NS
+    trip = machine.read_trip_ns(w.pe)
     last = tile(w.chunks[-1].keys)
     drain = last[1] + last[0] / 2 + fold + m * d * eb / hbm + trip
     fill = machine.issue.kind_ps("dma") / 1000 + trip
@@ -191,10 +189,11 @@ def _pe_estimate(machine, shape, w, own: float, up: float, ctrl_bytes: int) -> t
     tree = 0.0
     if w.tree is not None:
         t = w.tree
+        far = max(machine.pe_trip_ns(w.pe, p) for p in t.pes)
         part = m * (t.columns(d, 0)[1] + 2) * ACC_BYTES
         for parts in (t.size, t.teams if t.team == 0 else 1):
             if parts > 1:
-                tree += (parts - 1) * part / port + parts * part / tcm + trip
+                tree += (parts - 1) * part / port + parts * part / tcm + far
     return steady + fill + drain + tree, max(t_gemm, t_math, read / own)
 
 

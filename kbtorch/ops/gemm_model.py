@@ -51,16 +51,6 @@ def _ingress_gbps(machine, pe: int) -> float:
     return g.edges[next(iter(g.predecessors(rd))), rd]["bw_gbps"]
 
 
-@functools.lru_cache(maxsize=4096)
-def _round_trip_ns(machine, pe: int) -> float:
-    """Head latency (ns) of a read: request from the DMA read engine to the PE's HBM slice,
-    first data flit back into its TCM."""
-    info, r = machine.pes[pe], machine.router
-    there = machine.route(info.node("dma_rd"), info.hbm)
-    back = machine.route(info.hbm, info.node("dma_rd")) + (info.node("tcm"),)
-    return sum(r.weight(u, v) for path in (there, back) for u, v in zip(path, path[1:])) / 1000
-
-
 def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: GemmTiling) -> GemmEstimate:
     """The ideal-pipeline latency of the GEMM under ``tiling``."""
     used = tuple(pes[: tiling.grid[0] * tiling.grid[1] * tiling.grid[2]])
@@ -85,7 +75,7 @@ def _shard_classes(machine, m: int, n: int, k: int, used: tuple, grid: tuple) ->
         active[ctrl] = active.get(ctrl, 0) + 1
     out, seen = [], set()
     for s in shards:
-        hbm, trip = _hbm_gbps(machine, s.pe, active), _round_trip_ns(machine, s.pe)
+        hbm, trip = _hbm_gbps(machine, s.pe, active), machine.read_trip_ns(s.pe)
         key = (s.shape, len(s.peers), hbm, trip)
         if key not in seen:
             seen.add(key)

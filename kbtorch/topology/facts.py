@@ -102,6 +102,27 @@ class MachineFacts:
         up = sum(g.edges[ctrl, v]["bw_gbps"] for v in g.successors(ctrl) if g.nodes[v]["transit"])
         return ctrl, own, up
 
+    def head_ns(self, path) -> float:
+        """Latency (ns) of one flit along ``path`` (a node sequence) with no contention."""
+        return sum(self.router.weight(u, v) for u, v in zip(path, path[1:])) / 1000
+
+    @functools.cache
+    def read_trip_ns(self, pe: int) -> float:
+        """Head latency (ns) of a read of PE ``pe``'s HBM: the request from its DMA read engine
+        to the memory, and the first flit of data back into its TCM."""
+        info = self.pes[pe]
+        return self.head_ns(self.route(info.node("dma_rd"), info.hbm)) + \
+            self.head_ns(self.route(info.hbm, info.node("dma_rd")) + (info.node("tcm"),))
+
+    @functools.cache
+    def pe_trip_ns(self, a: int, b: int) -> float:
+        """Head latency (ns) from PE ``a``'s TCM to PE ``b``'s and back."""
+        def way(s, d):
+            src, dst = self.pes[s], self.pes[d]
+            return self.head_ns((src.node("tcm"),) + self.route(src.node("dma_wr"), dst.node("dma_rd")) +
+                                (dst.node("tcm"),))
+        return way(a, b) + way(b, a) if a != b else 0.0
+
     def hbm_gbps(self, pes) -> float:
         """Aggregate HBM bandwidth (GB/s) the memories of ``pes`` can deliver together
         (a memory shared by several of them counts once)."""
