@@ -111,6 +111,30 @@ def test_json_output_is_always_valid(capsys):
     assert _finite({"a": float("inf"), "b": [1.0, float("nan")], "c": "x"}) == {"a": None, "b": [1.0, None], "c": "x"}
 
 
-def test_torch_semantics_of_device_strings():
-    with pytest.raises(RuntimeError):
-        torch.ones(2).to("ahbm:bogus")
+def _on(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype).to("ahbm")
+
+
+TORCH = {
+    "device index": (RuntimeError, "device index 7 is out of range", lambda: torch.ones(2).to("ahbm:7")),
+    "factory index": (RuntimeError, "device index 3 is out of range", lambda: torch.zeros(2, device="ahbm:3")),
+    "bmm batches": (RuntimeError, "batch2 tensor to be: \\[2, 4\\]", lambda: torch.bmm(_on(2, 3, 4), _on(3, 4, 5))),
+    "mm shapes": (RuntimeError, "same reduction dim", lambda: torch.mm(_on(2, 3), _on(4, 5))),
+    "mixed dtypes": (RuntimeError, "same dtype", lambda: _on(4, 4, dtype=torch.float16) @ _on(4, 4)),
+    "sdpa cpu mask": (RuntimeError, "ahbm and cpu", lambda: torch.nn.functional.scaled_dot_product_attention(
+        _on(1, 2, 4, 8), _on(1, 2, 4, 8), _on(1, 2, 4, 8), attn_mask=torch.ones(4, 4, dtype=torch.bool))),
+}
+
+
+@pytest.mark.parametrize("exc_type, fault, fn", TORCH.values(), ids=TORCH.keys())
+def test_torch_semantics(exc_type, fault, fn):
+    with pytest.raises(exc_type, match=fault):
+        fn()
+
+
+def test_two_meshes_are_refused():
+    import kbtorch
+    a = kbtorch.distribute_tensor(torch.randn(64, 64), kbtorch.Mesh(range(8), (8,)), [kbtorch.Shard(0)])
+    b = kbtorch.distribute_tensor(torch.randn(64, 64), kbtorch.Mesh(range(8, 16), (8,)), [kbtorch.Shard(0)])
+    with pytest.raises(RuntimeError, match=r"two sets of PEs \(PEs 0-7 and PEs 8-15\)"):
+        a + b

@@ -49,12 +49,23 @@ def _home() -> str:
     return "meta" if is_timing_only() else "cpu"
 
 
+def _check_index(device) -> None:
+    """One ``ahbm`` device (index 0) models the whole machine; another index is refused."""
+    index = torch.device(device).index if device is not None else None
+    if index not in (None, 0):
+        raise RuntimeError(f"ahbm: device index {index} is out of range: the one device 'ahbm:0' models the whole "
+                           f"machine '{current_machine().name}' (place tensors on its PEs with kbtorch.Mesh and "
+                           f"placements, not with device indices)")
+
+
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _check_index(device)
     value = torch.empty(size, dtype=dtype or torch.get_default_dtype(), device=_home())
     return AhbmTensor(value, default_spec(current_machine(), tuple(size)))
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_index(device)
     value = torch.empty_strided(size, stride, dtype=dtype or torch.get_default_dtype(), device=_home())
     return AhbmTensor(value, default_spec(current_machine(), tuple(size)))
 

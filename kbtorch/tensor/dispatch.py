@@ -69,16 +69,27 @@ def root(x):
 
 
 def machine_of(op, args, kwargs):
-    """The machine of an op's ahbm tensors; a mix of two machines is an error naming both."""
-    found = {}
+    """The machine of an op's ahbm tensors; a mix of two machines, or of tensors on two sets
+    of PEs (nothing would time moving one to the other), is an error naming both."""
+    found, pes = {}, {}
     for a in tree_flatten((args, kwargs))[0]:
         if is_ahbm(a):
             found.setdefault(a._spec.mesh.machine, None)
+            pes.setdefault(frozenset(a._spec.mesh.pes), a._spec.mesh)
     if len(found) > 1:
         a, b = list(found)[:2]
         raise RuntimeError(f"kbtorch: {op} mixes ahbm tensors of two machines, '{a.name}' and '{b.name}' "
                            f"(move them to one machine first)")
+    if len(pes) > 1:
+        a, b = (_pe_text(m.pes) for m in list(pes.values())[:2])
+        raise RuntimeError(f"kbtorch: {op} mixes ahbm tensors on two sets of PEs ({a} and {b}); place them on one "
+                           f"mesh first, so that the move is timed")
     return next(iter(found), None)
+
+
+def _pe_text(pes) -> str:
+    pes = sorted(pes)
+    return f"PEs {pes[0]}-{pes[-1]}" if pes == list(range(pes[0], pes[-1] + 1)) else f"PEs {pes}"
 
 
 def same_device(op: str, args) -> None:

@@ -38,7 +38,7 @@ def sdpa(func, args, kwargs, machine):
     """SDPA on ahbm tensors: the fused kernel, or the explicit fallback."""
     call = dict(zip(NAMES, args), **kwargs)
     q, k, v = call["query"], call["key"], call["value"]
-    same_device("scaled_dot_product_attention", [q, k, v])
+    same_device("scaled_dot_product_attention", [q, k, v] + [m for m in (call.get("attn_mask"),) if m is not None])
     out = F.scaled_dot_product_attention(*(value_of(a) for a in args), **{n: value_of(x) for n, x in kwargs.items()})
     dtype, eb = dtype_of("scaled_dot_product_attention", value_of(q))
     if call.get("attn_mask") is not None or call.get("dropout_p", 0.0) or q.dim() not in (3, 4):

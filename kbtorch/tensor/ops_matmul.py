@@ -73,6 +73,19 @@ def timed_mm(machine, op: str, args, m: int, n: int, k: int, dtype: str, detail:
     return timed(op, args, "gemm", run.result, 2 * m * n * k, detail or run.tiling.describe())
 
 
+def torch_check(func, args, kwargs) -> None:
+    """Raise what CPU torch raises for this call (shapes, batch sizes, dtypes, kwargs): the
+    op runs on meta tensors of the same shapes and dtypes first."""
+    dtypes = list(dict.fromkeys(a.dtype for a in args if isinstance(a, torch.Tensor)))
+    if len(dtypes) > 1:
+        # NOTE: the meta kernels do not check this; CPU's message, in torch's words
+        raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {dtypes[0]} != {dtypes[1]}")
+
+    def meta(x):
+        return torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x
+    func(*(meta(a) for a in args), **{k: meta(v) for k, v in kwargs.items()})
+
+
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.float() @ b.float()).to(a.dtype)
 
@@ -101,6 +114,7 @@ def _matmul(machine, op: str, a, b):
 @register(aten.mm)
 def mm(func, args, kwargs, machine):
     same_device("mm", args)
+    torch_check(func, args, kwargs)
     out = _product(value_of(args[0]), value_of(args[1]))
     placed, run = _matmul(machine, "aten::mm", args[0], args[1])
     return Out(out, None if placed is None else on(args[1], placed), runs=(run,))
@@ -114,6 +128,7 @@ def addmm(func, args, kwargs, machine):
     is all-reduced first (recorded as it runs, before the GEMM that the dispatcher records
     with the bias add)."""
     same_device("addmm", args)
+    torch_check(func, args, kwargs)
     bias, a, b = (value_of(x) for x in args[:3])
     out = (_product(a, b).float() + bias.float()).to(a.dtype)
     placed, run = _matmul(machine, "aten::addmm", args[1], args[2])
@@ -132,6 +147,7 @@ def addmm(func, args, kwargs, machine):
 @register(aten.bmm)
 def bmm(func, args, kwargs, machine):
     same_device("bmm", args)
+    torch_check(func, args, kwargs)
     a, b = value_of(args[0]), value_of(args[1])
     out = torch.stack([_product(x, y) for x, y in zip(a, b)])
     dtype, _ = dtype_of("bmm", a)
