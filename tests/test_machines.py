@@ -75,6 +75,8 @@ def test_attention_numerics(die):
 def test_vector_op_cost_is_the_machines(die):
     cheap, dear = (elementwise(op, 1 << 16, inputs=1, machine=die) for op in ("add", "gelu"))
     assert dear.flops == 6 * cheap.flops and dear.latency_ps >= cheap.latency_ps
+    for run in (cheap, dear):
+        assert 0 < run.bound_ps <= run.latency_ps and run.analytic_ps > run.bound_ps
 
 
 def test_use_selects_the_machine(die, monkeypatch):

@@ -63,9 +63,31 @@ def elementwise(op: str, n: int, *, inputs: int = 2, dtype: str = "f16", elem_by
     group = group[:max(1, min(len(group), n))]
     flops = machine.math_flops(op, group[0]) if flops_per_element is None else flops_per_element
     eb = DTYPES[dtype].bytes if elem_bytes is None else elem_bytes
-    result = launch(elementwise_kernel, group, machine, op, n, inputs, eb, dtype, flops, out_ratio, mode=mode, trace=trace, name=op)
+    result = launch(elementwise_kernel, group, machine, op, n, inputs, eb, dtype, flops, out_ratio, mode=mode,
+                    trace=trace, name=op)
+    analytic, bound = estimate(machine, group, n, inputs, eb, dtype, flops, out_ratio)
     return OpRun(op=f"elementwise {op}", machine=machine, result=result, pes=tuple(group), dtype=dtype,
-                 flops=flops * n, plan=f"{len(group)} PEs, {inputs} input(s)")
+                 flops=flops * n, analytic_ps=analytic, bound_ps=bound, plan=f"{len(group)} PEs, {inputs} input(s)")
+
+
+def estimate(machine, group: list, n: int, inputs: int, eb: int, dtype: str, flops: int,
+             out_ratio: float) -> tuple[int, int]:
+    """(estimate, bound) in ps. Bound: the slowest PE's bytes at its share of the HBM
+    bandwidth or through its DMA ports, or its MATH work at its peak (``dtype``'s rate, fp32
+    for types the engine has no peak for). Estimate: that, plus the issue of its composite,
+    one tile through the other stages and a read's round trip either end."""
+    size, pe = -(-n // len(group)), group[0]
+    read, write = size * eb * inputs, size * eb * out_ratio
+    hbm = min(machine.hbm_gbps([pe]), machine.hbm_gbps(group) / len(group))
+    rates = machine.dtypes("math", pe)
+    rate = machine.engine_tflops(pe, "math", DTYPES[dtype].rate if DTYPES[dtype].rate in rates else "fp32")
+    stages = {"hbm": (read + write) / hbm, "read port": read / machine.port_gbps(pe, "dma_rd"),
+              "write port": write / machine.port_gbps(pe, "dma_wr"), "math": flops * size / rate / 1000}
+    bound = max(stages.values())
+    tiles = -(-size * eb // TILE_BYTES)
+    issue = machine.issue.kind_ps("composite", moves=inputs + 1, stages=3 if flops else 0) / 1000
+    fill = sum(v for v in stages.values() if v < bound) / tiles + 2 * machine.read_trip_ns(pe)
+    return round((bound + issue + fill) * 1000), round(bound * 1000)
 
 
 def reference(op: str, *inputs):

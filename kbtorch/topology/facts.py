@@ -102,6 +102,13 @@ class MachineFacts:
         up = sum(g.edges[ctrl, v]["bw_gbps"] for v in g.successors(ctrl) if g.nodes[v]["transit"])
         return ctrl, own, up
 
+    def port_gbps(self, pe: int, role: str) -> float:
+        """GB/s of the network port of PE ``pe``'s engine ``role``: the links into it from
+        transit nodes (``dma_rd``: what it reads) or out of it to them (any other role)."""
+        g, node = self.graph, self.pes[pe].node(role)
+        edges = g.in_edges(node, data=True) if role == "dma_rd" else g.out_edges(node, data=True)
+        return sum(d["bw_gbps"] for u, v, d in edges if g.nodes[u if role == "dma_rd" else v]["transit"])
+
     def head_ns(self, path) -> float:
         """Latency (ns) of one flit along ``path`` (a node sequence) with no contention."""
         return sum(self.router.weight(u, v) for u, v in zip(path, path[1:])) / 1000
