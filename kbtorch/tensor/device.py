@@ -45,17 +45,23 @@ def register() -> None:
     _LIB = lib
 
 
-def _home() -> str:
-    return "meta" if is_timing_only() else "cpu"
+def _home(dtype) -> str:
+    """Where a new tensor's value lives: nowhere (meta) for a floating-point tensor in
+    timing-only mode; on the host otherwise.
+
+    NOTE: integer and bool tensors (token ids, positions, masks) are small and steer
+    control flow (``generate()``), so they keep values even in timing-only mode."""
+    floating = (dtype or torch.get_default_dtype()).is_floating_point
+    return "meta" if is_timing_only() and floating else "cpu"
 
 
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    value = torch.empty(size, dtype=dtype or torch.get_default_dtype(), device=_home())
+    value = torch.empty(size, dtype=dtype or torch.get_default_dtype(), device=_home(dtype))
     return AhbmTensor(value, default_spec(current_machine(), tuple(size)))
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    value = torch.empty_strided(size, stride, dtype=dtype or torch.get_default_dtype(), device=_home())
+    value = torch.empty_strided(size, stride, dtype=dtype or torch.get_default_dtype(), device=_home(dtype))
     return AhbmTensor(value, default_spec(current_machine(), tuple(size)))
 
 

@@ -1,0 +1,78 @@
+"""Reductions, scans, selection, softmax and normalisation on the ahbm device: one vector
+pass each (``kbtorch.ops.elementwise``) over the input's elements.
+
+Each aten op maps to a cost CLASS (``CLASSES``) whose MATH work per input element is the
+machine's (``flops_per_element`` in the topology file: ``reduce`` for sum/mean/max/argmax/
+cumsum/..., ``var``, ``logsumexp``, ``sort`` for topk/sort, ``softmax``, ``log_softmax``,
+``rms_norm``, ``layer_norm``); the output size sets the bytes written (``out_ratio``).
+Numerics: the torch op on the host values, every keyword argument as torch has it
+(``out=`` refused). Placement: an input sharded on a reduced dimension is all-gathered
+first; the result keeps the shard (``sharding.rowwise_input``/``rowwise_output``).
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from .dispatch import Out, host_call, refuse, register, same_device
+from .kernels import dtype_of, mesh_pes, on, timed, vector
+from .sharding import placement, rowwise_input, rowwise_output
+
+aten = torch.ops.aten
+
+
+def _classes(cls: str, names: str) -> dict:
+    return {name: cls for name in names.split()}
+
+
+#: aten op -> cost class (a name of the machine's ``flops_per_element`` table).
+CLASSES = {
+    **_classes("reduce", "sum mean nansum amax amin max min aminmax argmax argmin prod all any count_nonzero "
+                         "cumsum cumprod cummax cummin"),
+    **_classes("var", "var std var_mean std_mean linalg_vector_norm norm"),
+    **_classes("logsumexp", "logsumexp logcumsumexp"),
+    **_classes("sort", "topk sort kthvalue median"),
+    **_classes("softmax", "softmax _softmax"),
+    **_classes("log_softmax", "log_softmax _log_softmax"),
+    **_classes("rms_norm", "rms_norm"),
+    **_classes("layer_norm", "layer_norm native_layer_norm"),
+}
+IN_PLACE = ("cumsum_", "cumprod_")
+
+
+@register(*(getattr(aten, name) for name in (*CLASSES, *IN_PLACE)))
+def vector_pass(func, args, kwargs, machine):
+    name = func.overloadpacket.__name__
+    refuse(func, kwargs)
+    same_device(name, (args, kwargs))
+    x = args[0]
+    out = host_call(func, args, kwargs)
+    results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    dims = reduced_dims(func, args, kwargs, x.dim())
+    src = rowwise_input(x, dims)
+    where = on(src, rowwise_output(src, dims, results[0].dim()))
+    n = x.numel()
+    if name.endswith("_"):
+        out, where = args[0], None
+    if not n:
+        return Out(out, where)
+    cls = CLASSES[name.rstrip("_")]
+    dtype, eb = dtype_of(name, x._value)
+    run = vector(machine, cls, n, placed=placement(src), pes=mesh_pes(src), shape=tuple(src.shape), inputs=1,
+                 dtype=dtype, elem_bytes=eb, out_ratio=sum(t.numel() for t in results) / n)
+    return Out(out, where, runs=(timed(f"aten::{name}", args, f"vector {name}", run, machine.math_flops(cls) * n),))
+
+
+def reduced_dims(func, args, kwargs, rank: int) -> tuple:
+    """The dimensions an op works along, from its schema: ``normalized_shape`` (norms: the
+    last ones), else ``dim`` (given, or its default; None or empty: all)."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name not in ("dim", "normalized_shape"):
+            continue
+        value = args[i] if i < len(args) else kwargs.get(arg.name, arg.default_value)
+        if arg.name == "normalized_shape":
+            return tuple(range(rank - len(value), rank))
+        if value is None or value == []:
+            break
+        return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    return tuple(range(rank))
