@@ -42,7 +42,19 @@ def register() -> None:
     # NOTE: moves of modules to and from ahbm must survive autograd's references and never
     # stop halfway (see ``module``).
     torch.nn.Module._apply = apply_all_or_nothing
+    _random_state_is_the_hosts()
     _LIB = lib
+
+
+def _random_state_is_the_hosts() -> None:
+    """``torch.ahbm.get_rng_state``/``set_rng_state``/``manual_seed_all``: random values on
+    ahbm are drawn on the host (``fill_``-like host writes), so its generator is the
+    host's (what ``torch.random.fork_rng(device_type="ahbm")`` saves and restores)."""
+    mod = torch.get_device_module(DEVICE)
+    mod.get_rng_state = lambda device=None: torch.get_rng_state()
+    mod.set_rng_state = lambda state, device=None: torch.set_rng_state(state)
+    # NOTE: ``torch.manual_seed`` seeds the host generator and then calls these: nothing left to do.
+    mod.manual_seed = mod.manual_seed_all = lambda seed: None
 
 
 def _home(dtype) -> str:

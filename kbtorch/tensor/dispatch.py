@@ -133,9 +133,10 @@ def host_call(func, args, kwargs):
     the small index tensors a program branches on (token ids, positions, masks, a stopping
     criterion) keep values and ``generate()`` runs to its length."""
     a, k = tree_map(value_of, args), tree_map(value_of, kwargs)
+    meta = any(isinstance(x, torch.Tensor) and x.is_meta for x in tree_flatten((a, k))[0])
     if "device" in k:
-        k = dict(k, device=torch.device("cpu"))
-    if any(isinstance(x, torch.Tensor) and x.is_meta for x in tree_flatten((a, k))[0]):
+        k = dict(k, device=torch.device("meta" if meta else "cpu"))
+    if meta:
         a, k = tree_map(_to_meta, (a, k))
         return tree_map(_materialise, func(*a, **k))
     return func(*a, **k)
