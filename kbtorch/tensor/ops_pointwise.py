@@ -37,7 +37,7 @@ CLASSES = {
     **_classes("max", "maximum minimum fmax fmin abs clamp clamp_min clamp_max relu hardtanh sign sgn "
                       "leaky_relu threshold"),
     **_classes("cmp", "eq ne lt le gt ge isnan isinf isneginf isposinf logical_not logical_and logical_or "
-                      "logical_xor bitwise_and bitwise_or bitwise_xor bitwise_not"),
+                      "logical_xor bitwise_and bitwise_or bitwise_xor bitwise_not isin"),
     **_classes("select", "where masked_fill nan_to_num"),
     **_classes("round", "floor ceil round trunc frac"),
     **_classes("fma", "addcmul addcdiv lerp"),

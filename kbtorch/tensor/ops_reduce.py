@@ -38,6 +38,8 @@ CLASSES = {
     **_classes("layer_norm", "layer_norm native_layer_norm"),
 }
 IN_PLACE = ("cumsum_", "cumprod_")
+#: ops returning (values, indices) of chosen elements.
+SELECTIONS = ("topk", "sort")
 
 
 @register(*(getattr(aten, name) for name in (*CLASSES, *IN_PLACE)))
@@ -47,6 +49,8 @@ def vector_pass(func, args, kwargs, machine):
     same_device(name, (args, kwargs))
     x = args[0]
     out = host_call(func, args, kwargs)
+    if name in SELECTIONS and x._value.is_meta:
+        out = (out[0], spread(out[1], reduced_dims(func, args, kwargs, x.dim())[0], x.shape))
     results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     dims = reduced_dims(func, args, kwargs, x.dim())
     src = rowwise_input(x, dims)
@@ -76,3 +80,17 @@ def reduced_dims(func, args, kwargs, rank: int) -> tuple:
             break
         return tuple(value) if isinstance(value, (list, tuple)) else (value,)
     return tuple(range(rank))
+
+
+def spread(indices: torch.Tensor, dim: int, shape: tuple) -> torch.Tensor:
+    """Indices a selection picks from values that are not there (timing-only): row r takes
+    ``(r * k + j) mod n`` for its j-th of k picks along a dimension of n.
+
+    NOTE: so an MoE router in timing-only mode sends each token to distinct experts and
+    spreads the tokens evenly over them, as a balanced router does (zeros would send
+    every token to expert 0)."""
+    n = shape[dim] if shape else 1
+    moved = indices.movedim(dim, -1) if indices.dim() else indices.reshape(1)
+    k = moved.shape[-1]
+    rows = torch.arange(moved.numel() // max(1, k))[:, None] * k + torch.arange(k)[None, :]
+    return (rows % max(1, n)).reshape(moved.shape).movedim(-1, dim if indices.dim() else 0).reshape(indices.shape)
