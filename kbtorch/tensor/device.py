@@ -42,11 +42,29 @@ def register() -> None:
     # NOTE: moves of modules to and from ahbm must survive autograd's references and never
     # stop halfway (see ``module``).
     torch.nn.Module._apply = apply_all_or_nothing
+    _random_state_is_the_hosts()
     _LIB = lib
 
 
-def _home() -> str:
-    return "meta" if is_timing_only() else "cpu"
+def _random_state_is_the_hosts() -> None:
+    """``torch.ahbm.get_rng_state``/``set_rng_state``/``manual_seed_all``: random values on
+    ahbm are drawn on the host (``fill_``-like host writes), so its generator is the
+    host's (what ``torch.random.fork_rng(device_type="ahbm")`` saves and restores)."""
+    mod = torch.get_device_module(DEVICE)
+    mod.get_rng_state = lambda device=None: torch.get_rng_state()
+    mod.set_rng_state = lambda state, device=None: torch.set_rng_state(state)
+    # NOTE: ``torch.manual_seed`` seeds the host generator and then calls these: nothing left to do.
+    mod.manual_seed = mod.manual_seed_all = lambda seed: None
+
+
+def _home(dtype) -> str:
+    """Where a new tensor's value lives: nowhere (meta) for a floating-point tensor in
+    timing-only mode; on the host otherwise.
+
+    NOTE: integer and bool tensors (token ids, positions, masks) are small and steer
+    control flow (``generate()``), so they keep values even in timing-only mode."""
+    floating = (dtype or torch.get_default_dtype()).is_floating_point
+    return "meta" if is_timing_only() and floating else "cpu"
 
 
 def _check_index(device) -> None:
@@ -60,13 +78,13 @@ def _check_index(device) -> None:
 
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     _check_index(device)
-    value = torch.empty(size, dtype=dtype or torch.get_default_dtype(), device=_home())
+    value = torch.empty(size, dtype=dtype or torch.get_default_dtype(), device=_home(dtype))
     return AhbmTensor(value, default_spec(current_machine(), tuple(size)))
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     _check_index(device)
-    value = torch.empty_strided(size, stride, dtype=dtype or torch.get_default_dtype(), device=_home())
+    value = torch.empty_strided(size, stride, dtype=dtype or torch.get_default_dtype(), device=_home(dtype))
     return AhbmTensor(value, default_spec(current_machine(), tuple(size)))
 
 

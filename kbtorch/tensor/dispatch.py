@@ -20,9 +20,6 @@ from .placement import Spec, default_spec
 DEVICE = "ahbm"
 HANDLERS: dict = {}
 
-#: Composite ops that reach dispatch whole (in inference mode) and run as their aten
-#: decomposition (``linear`` -> ``t`` + ``addmm``/``mm``, ``matmul`` -> ``mm``/``bmm``).
-DECOMPOSE = {"linear", "matmul", "reshape", "flatten", "contiguous"}
 
 
 @dataclass(frozen=True)
@@ -93,8 +90,10 @@ def _pe_text(pes) -> str:
 
 
 def same_device(op: str, args) -> None:
-    """torch's error for a mix of ahbm and cpu tensors."""
-    devices = {("ahbm" if is_ahbm(a) else a.device.type) for a in args if isinstance(a, torch.Tensor)}
+    """torch's error for a mix of ahbm and cpu tensors (a 0-dim cpu tensor is a scalar, as
+    in torch: allowed with any device)."""
+    devices = {("ahbm" if is_ahbm(a) else a.device.type) for a in tree_flatten(args)[0]
+               if isinstance(a, torch.Tensor) and (is_ahbm(a) or a.dim() > 0)}
     if len(devices) > 1:
         raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                            f"{' and '.join(sorted(devices))}! (when checking arguments of {op})")
@@ -109,8 +108,10 @@ def dispatch(cls, func, args, kwargs):
        (``aten.mm``). SDPA arrives here as ``aten.scaled_dot_product_attention.default``
        from ``AhbmTensor.__torch_function__``, which only forwards to this function (torch
        would otherwise lower it by backend before dispatch sees it);
-    3. no handler: a composite op of ``DECOMPOSE`` runs as its aten decomposition (each part
-       dispatched again); anything else raises NotImplementedError naming the op;
+    3. no handler: a composite op (one with a CompositeImplicitAutograd kernel, e.g.
+       ``linear``, ``matmul``, ``reshape``, ``chunk``, ``layer_norm`` reaching dispatch
+       whole in inference mode) runs as its aten decomposition (each part dispatched
+       again); anything else raises NotImplementedError naming the op;
     4. the handler's ``Out``: its kernels are recorded on the stream in order (inputs it
        redistributed were recorded as they ran, before), and its values wrapped as ``cls``
        on the op's machine, placed by ``where`` (default: by shape), booking HBM unless
@@ -122,10 +123,9 @@ def dispatch(cls, func, args, kwargs):
         root(args[0]).__dict__.pop("_replicated", None)
     handler = HANDLERS.get(func) or HANDLERS.get(func.overloadpacket)
     if handler is None:
-        if name in DECOMPOSE:
-            out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
+        out = func.decompose(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
         raise NotImplementedError(f"kbtorch: {func} on ahbm tensors is not supported yet "
                                   f"(no tile kernel is registered for it)")
     out = handler(func, args, kwargs, machine)
@@ -134,6 +134,40 @@ def dispatch(cls, func, args, kwargs):
     for run in out.runs:
         record(machine, run)
     return tree_map(lambda v: _wrap(cls, v, out, machine), out.value)
+
+
+def host_call(func, args, kwargs):
+    """The op on the host values (the numeric pass), in place where the op is.
+
+    NOTE: timing-only: when a value is a meta tensor, host tensors join it on meta; an
+    integer or bool result computed on meta is materialised as zeros on the host, so that
+    the small index tensors a program branches on (token ids, positions, masks, a stopping
+    criterion) keep values and ``generate()`` runs to its length."""
+    a, k = tree_map(value_of, args), tree_map(value_of, kwargs)
+    meta = any(isinstance(x, torch.Tensor) and x.is_meta for x in tree_flatten((a, k))[0])
+    if "device" in k:
+        k = dict(k, device=torch.device("meta" if meta else "cpu"))
+    if meta:
+        a, k = tree_map(_to_meta, (a, k))
+        return tree_map(_materialise, func(*a, **k))
+    return func(*a, **k)
+
+
+def _to_meta(x):
+    return x.to("meta") if isinstance(x, torch.Tensor) else x
+
+
+def _materialise(x):
+    if isinstance(x, torch.Tensor) and x.is_meta and not (x.is_floating_point() or x.is_complex()):
+        return torch.zeros(x.shape, dtype=x.dtype)
+    return x
+
+
+def refuse(func, kwargs, names=("out",)) -> None:
+    """NotImplementedError naming a keyword argument the handler does not honour."""
+    for name in names:
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"kbtorch: {func} with '{name}=' on ahbm tensors is not supported")
 
 
 def _wrap(cls, value, out: Out, machine):

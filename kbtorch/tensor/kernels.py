@@ -66,11 +66,22 @@ def on(like, placement) -> Spec:
     return Spec(flat_mesh(like._spec.mesh), (placement,))
 
 
+#: Integer and bool types: small vector work (token ids, positions, masks).
+INTEGERS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+
+
 def dtype_of(op: str, t: torch.Tensor) -> tuple[str, int]:
-    """(name, bytes) of a tensor's dtype for the kernels (f16, bf16, fp32)."""
+    """(rate name, bytes per element) of a tensor's dtype for the kernels: f16, bf16, fp32;
+    integer, bool and float64 tensors run at the machine's fp32 rate with their own
+    element size.
+
+    NOTE: the machine has no integer rates; an int64 add costs what an fp32 add does per
+    element (the MATH engine's fp32 rate), and moves its 8 bytes per element."""
+    if t.dtype in INTEGERS or t.dtype == torch.float64:
+        return "fp32", t.element_size()
     if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise NotImplementedError(f"kbtorch: {op} on ahbm tensors of dtype {t.dtype} is not supported "
-                                  f"(f16, bf16, fp32)")
+                                  f"(f16, bf16, fp32, float64, int64, int32, int16, int8, uint8, bool)")
     d = contract_dtype(t.dtype, op)
     return d.name, d.bytes
 

@@ -1,7 +1,8 @@
-"""mm, addmm, bmm on the ahbm device: the GEMM tile kernel (``kbtorch.ops.gemm``).
+"""mm, addmm, bmm, baddbmm, mv, dot on the ahbm device: the GEMM tile kernel
+(``kbtorch.ops.gemm``).
 
-Numerics: torch with fp32 accumulation, cast to the input dtype (the GEMM kernel's own
-numeric rule). Timing follows the placements (see ``sharding``), for ``a[M, K] @ b[K, N]``
+Numerics: torch with fp32 accumulation, cast to the input dtype once (the GEMM kernel's
+own numeric rule); integer inputs exactly, in their type (timed at the fp32 rate). Timing follows the placements (see ``sharding``), for ``a[M, K] @ b[K, N]``
 on a mesh of P PEs:
 
 - column-parallel, ``b`` Shard(1): every PE computes ``M x N/P x K`` from its own slice of
@@ -11,8 +12,9 @@ on a mesh of P PEs:
 - otherwise: one GEMM over all PEs with the automatic tiling and grid (its operand panels
   deployed as the GEMM kernel assumes); result placed by default.
 
-Kernels are cached per shape (the simulator is deterministic). ``addmm``'s bias is one more
-elementwise add on the MATH engines; ``bmm`` runs its batch of GEMMs one after another.
+Kernels are cached per shape (the simulator is deterministic). The bias of ``addmm`` and
+``baddbmm`` (with ``alpha``/``beta``, honoured) is one more pass on the MATH engines;
+``bmm`` runs its batch of GEMMs one after another; an empty product runs no kernel.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from ..ops.gemm_kernel import gemm_kernel
 from ..ops.gemm_model import candidates
 from ..ops.gemm_plan import Block as GemmShard
 from ..ops.gemm_plan import split
-from .dispatch import Out, register, same_device, value_of
+from .dispatch import Out, refuse, register, same_device, value_of
 from .kernels import dtype_of, on, timed, vector
 from .placement import Partial, Replicate, Shard, default_spec
 from .sharding import flat, placement, settle_partial
@@ -87,7 +89,37 @@ def torch_check(func, args, kwargs) -> None:
 
 
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` by the GEMM's numeric rule: fp32 accumulation cast to the input dtype
+    (integers: exact, in their own type)."""
+    if not a.is_floating_point():
+        return a @ b
     return (a.float() @ b.float()).to(a.dtype)
+
+
+def _scaled(acc: torch.Tensor, bias: torch.Tensor, kwargs: dict, dtype) -> torch.Tensor:
+    """``beta * bias + alpha * acc`` (``acc``: the product before rounding) as torch's
+    ``addmm`` family (``beta=0``: the bias is ignored, NaNs included), rounded once."""
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    if not dtype.is_floating_point:
+        beta, alpha = int(beta), int(alpha)     # NOTE: as torch converts scalars for integer types
+    if alpha != 1:
+        acc = acc * alpha
+    if beta != 0:
+        acc = acc + (bias * beta if beta != 1 else bias).to(acc.dtype)
+    return acc.to(dtype)
+
+
+def bias_run(machine, op: str, args, kwargs, spec, shape: tuple, dtype: str, eb: int):
+    """The MATH pass of ``beta * bias + alpha * product`` (cost class ``add``; ``fma`` with
+    a scale; none for a plain product, ``beta=0`` and ``alpha=1``), or None."""
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    if beta == 0 and alpha == 1:
+        return None
+    cls = "add" if beta == 1 and alpha == 1 else "fma"
+    n = int(torch.Size(shape).numel())
+    run = vector(machine, cls, n, placed=spec.placements[0], pes=tuple(spec.mesh.pes), shape=shape, dtype=dtype,
+                 elem_bytes=eb)
+    return timed(f"{op} (bias)", args, f"elementwise {cls}", run, machine.math_flops(cls) * n)
 
 
 def _matmul(machine, op: str, a, b):
@@ -113,44 +145,84 @@ def _matmul(machine, op: str, a, b):
 
 @register(aten.mm)
 def mm(func, args, kwargs, machine):
+    refuse(func, kwargs)
     same_device("mm", args)
     torch_check(func, args, kwargs)
     out = _product(value_of(args[0]), value_of(args[1]))
+    if not out.numel() or not args[0].shape[1]:
+        return Out(out)
     placed, run = _matmul(machine, "aten::mm", args[0], args[1])
     return Out(out, None if placed is None else on(args[1], placed), runs=(run,))
 
 
+@register(aten.mv, aten.dot, aten.vdot)
+def mv(func, args, kwargs, machine):
+    """``a[M, K] @ v[K]`` and ``u[K] . v[K]``: the GEMM of M x 1 x K (M = 1 for a dot)."""
+    refuse(func, kwargs)
+    name = func.overloadpacket.__name__
+    same_device(name, args)
+    a, v = value_of(args[0]), value_of(args[1])
+    if name == "vdot" and a.is_complex():
+        raise NotImplementedError(f"kbtorch: {func} of complex tensors on ahbm is not supported")
+    m = a.shape[0] if a.dim() == 2 else 1
+    out = _product(a.reshape(m, -1), v.reshape(-1, 1)).reshape((m,) if a.dim() == 2 else ())
+    if not out.numel() or not v.shape[0]:
+        return Out(out)
+    dtype, _ = dtype_of(name, a)
+    return Out(out, runs=(timed_mm(machine, f"aten::{name}", args, m, 1, v.shape[0], dtype),))
+
+
 @register(aten.addmm)
 def addmm(func, args, kwargs, machine):
-    """``bias + a @ b``: the GEMM, then the bias added on the MATH engines.
+    """``beta * bias + alpha * (a @ b)``: the GEMM, then the bias pass on the MATH engines
+    (``bias_run``); ``alpha`` and ``beta`` are honoured in numerics and timing.
 
     NOTE: a bias must be added once, after the partial sums are reduced: a Partial product
     is all-reduced first (recorded as it runs, before the GEMM that the dispatcher records
     with the bias add)."""
+    refuse(func, kwargs)
     same_device("addmm", args)
     torch_check(func, args, kwargs)
     bias, a, b = (value_of(x) for x in args[:3])
-    out = (_product(a, b).float() + bias.float()).to(a.dtype)
-    placed, run = _matmul(machine, "aten::addmm", args[1], args[2])
+    out = _scaled(_product_acc(a, b), bias, kwargs, a.dtype)
+    if not out.numel():
+        return Out(out)
     dtype, eb = dtype_of("addmm", a)
-    m, n = a.shape[0], b.shape[1]
+    runs, placed = [], None
+    if a.shape[1]:
+        placed, run = _matmul(machine, "aten::addmm", args[1], args[2])
+        runs.append(run)
     if isinstance(placed, Partial):
         type(args[2])(out, on(args[2], Partial())).redistribute([Replicate()])
         placed = Replicate()
     where = None if placed is None else on(args[2], placed)
     spec = where or default_spec(machine, tuple(out.shape))
-    bias_run = vector(machine, "add", m * n, placed=spec.placements[0], pes=tuple(spec.mesh.pes), shape=(m, n),
-                      dtype=dtype, elem_bytes=eb)
-    return Out(out, where, runs=(run, timed("aten::addmm (bias)", args, "elementwise add", bias_run, m * n)))
+    extra = bias_run(machine, "aten::addmm", args, kwargs, spec, tuple(out.shape), dtype, eb)
+    return Out(out, where, runs=tuple(runs) + ((extra,) if extra else ()))
 
 
-@register(aten.bmm)
+def _product_acc(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` before its final rounding (fp32 for half-precision inputs)."""
+    return a.float() @ b.float() if a.dtype in (torch.float16, torch.bfloat16) else a @ b
+
+
+@register(aten.bmm, aten.baddbmm)
 def bmm(func, args, kwargs, machine):
-    same_device("bmm", args)
+    """``bmm``: a batch of GEMMs one after another; ``baddbmm`` then the bias pass."""
+    refuse(func, kwargs)
+    name = func.overloadpacket.__name__
+    same_device(name, args)
     torch_check(func, args, kwargs)
-    a, b = value_of(args[0]), value_of(args[1])
-    out = torch.stack([_product(x, y) for x, y in zip(a, b)])
-    dtype, _ = dtype_of("bmm", a)
-    runs = tuple(timed_mm(machine, "aten::bmm", args, a.shape[1], b.shape[2], a.shape[2], dtype)
-                 for _ in range(a.shape[0]))
+    a, b = value_of(args[-2]), value_of(args[-1])
+    acc = torch.stack([_product_acc(x, y) for x, y in zip(a, b)]) if len(a) else _product_acc(a, b)
+    out = _scaled(acc, value_of(args[0]), kwargs, a.dtype) if name == "baddbmm" else acc.to(a.dtype)
+    if not out.numel():
+        return Out(out)
+    dtype, eb = dtype_of(name, a)
+    runs = tuple(timed_mm(machine, f"aten::{name}", args, a.shape[1], b.shape[2], a.shape[2], dtype)
+                 for _ in range(a.shape[0] if a.shape[2] else 0))
+    if name == "baddbmm":
+        spec = default_spec(machine, tuple(out.shape))
+        extra = bias_run(machine, "aten::baddbmm", args, kwargs, spec, tuple(out.shape), dtype, eb)
+        runs += (extra,) if extra else ()
     return Out(out, runs=runs)

@@ -1,6 +1,6 @@
 """Untimed ops on the ahbm device: views (metadata) and writes from the host.
 
-Views (``view``, ``transpose``, ``slice``, ...) are metadata on the PEs too as long as the
+Host queries (``.item()``, ``torch.equal``) read a value back, untimed. Views (``view``, ``transpose``, ``slice``, ...) are metadata on the PEs too as long as the
 layout allows: no kernel, no time, no HBM of their own; their placement follows
 ``placement.view_placements``. Host writes (``fill_``, random init, ``lift_fresh``, ...)
 are the host's untimed deployment; a copy to another device (``.to("cpu")``, ``.cpu()``)
@@ -17,7 +17,8 @@ from .placement import Spec, view_placements
 aten = torch.ops.aten
 
 VIEWS = ("detach", "alias", "view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze",
-         "slice", "select", "as_strided", "_reshape_alias")
+         "slice", "select", "as_strided", "_reshape_alias", "diagonal", "unfold", "view_as_real", "view_as_complex")
+QUERIES = ("_local_scalar_dense", "equal", "is_nonzero", "is_same_size")
 HOST_WRITES = ("zero_", "fill_", "normal_", "uniform_", "random_", "bernoulli_", "to", "arange", "lift_fresh",
                "set_", "resize_")
 
@@ -68,3 +69,13 @@ def host_write(func, args, kwargs, machine):
     if func.overloadpacket.__name__.endswith("_") and is_ahbm(args[0]):
         return args[0]
     return Out(out, spec)
+
+
+@register(*(getattr(aten, name) for name in QUERIES))
+def query(func, args, kwargs, machine):
+    """A Python value read back by the host (``.item()``, ``torch.equal``): untimed."""
+    values = [value_of(a) for a in args]
+    if any(isinstance(v, torch.Tensor) and v.is_meta for v in values):
+        raise RuntimeError(f"kbtorch: {func} needs values, but an ahbm tensor was made in timing-only mode and "
+                           f"holds no data")
+    return func(*values, **kwargs)

@@ -1,0 +1,159 @@
+"""An unmodified Hugging Face causal LM on the "ahbm" device: ``model.generate()``, timed.
+
+The model is built from its config (``models/hf.py``: no download): full-size ones on the
+meta device and run timing-only (no data, default), ``tiny`` ones with seeded random
+weights (``--check`` compares logits and greedy tokens with the same model on CPU). The
+weights are placed tensor-parallel over all PEs (``models.hf.place_tp``); the KV cache is
+the one the model uses (``DynamicCache``). Reported, as serving people look at it: time to
+first token (the prefill forward), time per output token (each decode step), tokens/s, the
+% of the HBM roofline per decode step (bytes read: weights + KV cache, over the step's
+simulated time, against ``machine.hbm_gbps`` of all PEs) and the per-op profile.
+
+    python examples/hf_generate.py --model qwen2.5-7b --prompt-len 128 --new-tokens 8
+    python examples/hf_generate.py --model mixtral-8x7b --prompt-len 32 --new-tokens 2 --json
+    python examples/hf_generate.py --model tiny --batch 4 --check
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import kbtorch  # noqa: E402
+from kbtorch.profiler import clock_ns  # noqa: E402
+from models.hf import CONFIGS, build, config, place_tp  # noqa: E402
+
+TINY = {"tiny": "tiny-qwen2", "tiny-llama": "tiny-llama", "tiny-mistral": "tiny-mistral", "tiny-mixtral": "tiny-mixtral"}
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=(*CONFIGS, *TINY), default="qwen2.5-7b")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--timing-only", action="store_true", default=None, help="no data (default for full size)")
+    ap.add_argument("--check", action="store_true", help="tiny models: logits and tokens against CPU")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--topology", metavar="NAME|PATH", help="the machine (default: $KBTORCH_TOPOLOGY or ahbm)")
+    args = ap.parse_args(argv)
+    tiny = args.model in TINY
+    if args.timing_only is None:
+        args.timing_only = not tiny
+    if args.check and args.timing_only:
+        ap.error("--check needs data (a tiny model without --timing-only)")
+    for name in ("prompt_len", "new_tokens", "batch"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be positive")
+    return args
+
+
+class StepClock:
+    """Simulated ns of each forward call of a model (a forward pre-hook and hook)."""
+
+    def __init__(self, model):
+        self.steps, self._start = [], 0.0
+        model.register_forward_pre_hook(self._begin)
+        model.register_forward_hook(self._end)
+
+    def _begin(self, module, args):
+        self._start = clock_ns()
+
+    def _end(self, module, args, out):
+        self.steps.append(clock_ns() - self._start)
+
+
+def run(args):
+    """(profile, step clock, generated ids on ahbm, CPU reference ids or None, model)."""
+    name = TINY.get(args.model, args.model)
+    dtype = torch.bfloat16 if args.timing_only else torch.float32
+    data = kbtorch.timing_only if args.timing_only else nullcontext
+    model, ref = build(name, dtype, timing_only=args.timing_only)
+    vocab = model.config.vocab_size
+    ids = torch.randint(2, vocab, (args.batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    for row in range(1, args.batch, 2):
+        mask[row, :min(row, args.prompt_len - 1)] = 0          # left padding on every other row
+    gen = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
+    expect = None
+    if args.check:
+        with torch.no_grad():
+            expect = ref.generate(ids, attention_mask=mask, **gen)
+    with data():
+        model.to("ahbm")
+        place_tp(model)
+    clock = StepClock(model)
+    with data(), torch.no_grad(), kbtorch.profile() as prof:
+        out = model.generate(ids.to("ahbm"), attention_mask=mask.to("ahbm"), **gen)
+    return prof, clock, out, expect, model
+
+
+def step_bytes(model, batch: int, context: int) -> int:
+    """HBM bytes a decode step reads: every weight once (an MoE: the embedding row aside,
+    all experts that may be hit, an upper bound) and the KV cache of ``context`` positions."""
+    cfg = model.config
+    weights = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    eb = next(model.parameters()).element_size()
+    kv = 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * head_dim * context * eb
+    return weights + kv
+
+
+def report(args, prof, clock, out, expect, model, wall: float) -> dict:
+    machine = kbtorch.current_machine()
+    peak = machine.hbm_gbps(range(len(machine.pes)))
+    prefill, decode = clock.steps[0], clock.steps[1:]
+    steps = []
+    for i, ns in enumerate(decode):
+        moved = step_bytes(model, args.batch, args.prompt_len + i + 1)
+        steps.append({"context": args.prompt_len + i + 1, "ns": ns, "hbm_bytes": moved,
+                      "pct_hbm_roofline": 100 * moved / ns / peak})
+    tpot = sum(decode) / len(decode) if decode else None
+    total = sum(clock.steps)
+    rec = {"model": args.model, "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+           "timing_only": args.timing_only, "ttft_ns": prefill, "tpot_ns": tpot, "decode_steps": steps,
+           "tokens_per_s": args.batch * args.new_tokens * 1e9 / total if total else None,
+           "decode_tokens_per_s": args.batch * 1e9 / tpot if tpot else None, "total_ns": total,
+           "ops": [{"name": r.name, "latency_ns": r.latency_ns, "bottleneck": r.bottleneck}
+                   for r in sorted(prof.records, key=lambda r: -r.latency_ns)[:20]]}
+    if expect is not None:
+        rec["tokens_match_cpu"] = bool(torch.equal(out.cpu(), expect))
+    rec["wall_s"] = wall
+    return rec
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    if args.topology:
+        kbtorch.use(args.topology)
+    t0 = time.perf_counter()
+    prof, clock, out, expect, model = run(args)
+    rec = report(args, prof, clock, out, expect, model, time.perf_counter() - t0)
+    ok = rec.get("tokens_match_cpu", True)
+    if args.json:
+        print(json.dumps(rec))
+        return 0 if ok else 1
+    print(prof.key_averages().table(sort_by="latency_ns", row_limit=15))
+    print(f"\n{args.model}, batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new tokens "
+          f"({'timing only' if args.timing_only else 'with data'}, {rec['wall_s']:.1f} s wall)")
+    print(f"time to first token (prefill): {rec['ttft_ns'] / 1e3:.1f} us")
+    for s in rec["decode_steps"]:
+        print(f"  decode step, context {s['context']}: {s['ns'] / 1e3:.1f} us, "
+              f"{s['pct_hbm_roofline']:.1f}% of the HBM roofline")
+    if rec["tpot_ns"]:
+        print(f"time per output token: {rec['tpot_ns'] / 1e3:.1f} us = {rec['decode_tokens_per_s']:.0f} tokens/s "
+              f"(batch {args.batch}); {rec['tokens_per_s']:.0f} tokens/s over the whole generate()")
+    if expect is not None:
+        print(f"greedy tokens match CPU: {ok}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Reductions, scans, selection, softmax and normalisation on the ahbm device: one vector
+pass each (``kbtorch.ops.elementwise``) over the input's elements.
+
+Each aten op maps to a cost CLASS (``CLASSES``) whose MATH work per input element is the
+machine's (``flops_per_element`` in the topology file: ``reduce`` for sum/mean/max/argmax/
+cumsum/..., ``var``, ``logsumexp``, ``sort`` for topk/sort, ``softmax``, ``log_softmax``,
+``rms_norm``, ``layer_norm``); the output size sets the bytes written (``out_ratio``).
+Numerics: the torch op on the host values, every keyword argument as torch has it
+(``out=`` refused). Placement: an input sharded on a reduced dimension is all-gathered
+first; the result keeps the shard (``sharding.rowwise_input``/``rowwise_output``).
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from .dispatch import Out, host_call, refuse, register, same_device
+from .kernels import dtype_of, mesh_pes, on, timed, vector
+from .sharding import placement, rowwise_input, rowwise_output
+
+aten = torch.ops.aten
+
+
+def _classes(cls: str, names: str) -> dict:
+    return {name: cls for name in names.split()}
+
+
+#: aten op -> cost class (a name of the machine's ``flops_per_element`` table).
+CLASSES = {
+    **_classes("reduce", "sum mean nansum amax amin max min aminmax argmax argmin prod all any count_nonzero "
+                         "cumsum cumprod cummax cummin"),
+    **_classes("var", "var std var_mean std_mean linalg_vector_norm norm"),
+    **_classes("logsumexp", "logsumexp logcumsumexp"),
+    **_classes("sort", "topk sort kthvalue median"),
+    **_classes("softmax", "softmax _softmax"),
+    **_classes("log_softmax", "log_softmax _log_softmax"),
+    **_classes("rms_norm", "rms_norm"),
+    **_classes("layer_norm", "layer_norm native_layer_norm"),
+}
+IN_PLACE = ("cumsum_", "cumprod_")
+#: ops returning (values, indices) of chosen elements.
+SELECTIONS = ("topk", "sort")
+
+
+@register(*(getattr(aten, name) for name in (*CLASSES, *IN_PLACE)))
+def vector_pass(func, args, kwargs, machine):
+    name = func.overloadpacket.__name__
+    refuse(func, kwargs)
+    same_device(name, (args, kwargs))
+    x = args[0]
+    out = host_call(func, args, kwargs)
+    if name in SELECTIONS and x._value.is_meta:
+        out = (out[0], spread(out[1], reduced_dims(func, args, kwargs, x.dim())[0], x.shape))
+    results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    dims = reduced_dims(func, args, kwargs, x.dim())
+    src = rowwise_input(x, dims)
+    where = on(src, rowwise_output(src, dims, results[0].dim()))
+    n = x.numel()
+    if name.endswith("_"):
+        out, where = args[0], None
+    if not n:
+        return Out(out, where)
+    cls = CLASSES[name.rstrip("_")]
+    dtype, eb = dtype_of(name, x._value)
+    run = vector(machine, cls, n, placed=placement(src), pes=mesh_pes(src), shape=tuple(src.shape), inputs=1,
+                 dtype=dtype, elem_bytes=eb, out_ratio=sum(t.numel() for t in results) / n)
+    return Out(out, where, runs=(timed(f"aten::{name}", args, f"vector {name}", run, machine.math_flops(cls) * n),))
+
+
+def reduced_dims(func, args, kwargs, rank: int) -> tuple:
+    """The dimensions an op works along, from its schema: ``normalized_shape`` (norms: the
+    last ones), else ``dim`` (given, or its default; None or empty: all)."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name not in ("dim", "normalized_shape"):
+            continue
+        value = args[i] if i < len(args) else kwargs.get(arg.name, arg.default_value)
+        if arg.name == "normalized_shape":
+            return tuple(range(rank - len(value), rank))
+        if value is None or value == []:
+            break
+        return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    return tuple(range(rank))
+
+
+def spread(indices: torch.Tensor, dim: int, shape: tuple) -> torch.Tensor:
+    """Indices a selection picks from values that are not there (timing-only): row r takes
+    ``(r * k + j) mod n`` for its j-th of k picks along a dimension of n.
+
+    NOTE: so an MoE router in timing-only mode sends each token to distinct experts and
+    spreads the tokens evenly over them, as a balanced router does (zeros would send
+    every token to expert 0)."""
+    n = shape[dim] if shape else 1
+    moved = indices.movedim(dim, -1) if indices.dim() else indices.reshape(1)
+    k = moved.shape[-1]
+    rows = torch.arange(moved.numel() // max(1, k))[:, None] * k + torch.arange(k)[None, :]
+    return (rows % max(1, n)).reshape(moved.shape).movedim(-1, dim if indices.dim() else 0).reshape(indices.shape)
