@@ -9,10 +9,16 @@ import torch
 
 from kbtorch.ops.collective import all_gather, torch_reference
 from kbtorch.ops.gemm import gemm, reference
-from kbtorch.topology import load_machine
+from kbtorch.topology.machine import Machine, topology_path
 from kbtorch.topology.errors import TopologyError
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_machine(name, overrides=None):
+    """NOTE: uncached (Machine, not load_machine), so that these machines do not push the
+    machines other tests hold out of load_machine's cache."""
+    return Machine(topology_path(name), overrides)
 
 
 @pytest.fixture(scope="module")
