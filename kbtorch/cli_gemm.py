@@ -101,7 +101,8 @@ def _engine_pes(run, machine) -> dict[str, int]:
     from .ops.gemm_plan import plan
 
     shards = {s.pe: s for s in plan(run.m, run.n, run.k, run.pes, run.tiling)}
-    programs = build(gemm_kernel, run.pes, machine, shards, run.tiling, run.dtype, run.composite, name="gemm")
+    programs = build(gemm_kernel, run.pes, machine, shards, run.tiling, run.dtype, run.composite, run.out_dtype,
+                     name="gemm")
     out: dict[str, int] = {}
     for cmds in programs.values():
         for role in {c.engine for c in cmds}:

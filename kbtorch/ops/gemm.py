@@ -1,9 +1,10 @@
-"""GEMM on the simulated PEs: ``C[M,N] = A[M,K] @ B[K,N]`` in f16, bf16 or fp32.
+"""GEMM on the simulated PEs: ``C[M,N] = A[M,K] @ B[K,N]`` in f16, bf16, fp32 or fp8
+(e4m3, e5m2), C in the input dtype or in ``out_dtype`` (fp8 inputs, bf16 output).
 
 Two independent passes over the same decomposition (``gemm_plan``): the timing pass runs
 the tile kernel (``gemm_kernel``) on the simulator; the numeric pass computes C with torch
 tile by tile, accumulating each output tile over its K steps in fp32 and summing K-split
-partials in PE order, then casting to the input dtype. A timing-only run does no numeric
+partials in PE order, then casting to the output dtype. A timing-only run does no numeric
 work and allocates no data. ``tiling=None`` picks the tiling automatically
 (``gemm_model.candidates``, best few confirmed by simulation).
 """
@@ -41,6 +42,7 @@ class GemmRun(OpRun):
     tiling: GemmTiling
     composite: bool
     analytic: GemmEstimate
+    out_dtype: str = ""
     c: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -48,27 +50,30 @@ class GemmRun(OpRun):
         return 100 * self.flops / self.analytic.ns / 1000 / self.peak_tflops
 
 
-def simulate(machine, m, n, k, dtype, pes, tiling, composite=True, mode="fast", trace=False) -> RunResult:
+def simulate(machine, m, n, k, dtype, pes, tiling, composite=True, mode="fast", trace=False,
+             out_dtype=None) -> RunResult:
     """The timing pass alone."""
     used = pes[: tiling.grid[0] * tiling.grid[1] * tiling.grid[2]]
     shards = {s.pe: s for s in plan(m, n, k, used, tiling)}
-    return launch(gemm_kernel, used, machine, shards, tiling, dtype, composite, mode=mode, trace=trace, name="gemm")
+    return launch(gemm_kernel, used, machine, shards, tiling, dtype, composite, out_dtype, mode=mode, trace=trace,
+                  name="gemm")
 
 
-def auto_tiling(machine, m, n, k, dtype, pes) -> GemmTiling:
+def auto_tiling(machine, m, n, k, dtype, pes, out_dtype=None) -> GemmTiling:
     """The best analytic candidates, confirmed by simulation."""
-    ranked = candidates(machine, m, n, k, dtype, pes)
+    ranked = candidates(machine, m, n, k, dtype, pes, out_dtype)
     if not ranked:
         raise ValueError(f"gemm: no tiling of M={m} N={n} K={k} {dtype} fits the TCM of {len(pes)} PEs")
     best = ranked[0][0].ns
     close = [t for e, t in ranked[:CONFIRM] if e.ns <= 1.03 * best]
     if len(close) == 1 or _tiles(m, n, k, close[0]) > CONFIRM_TILES:
         return close[0]
-    return min(close, key=lambda t: simulate(machine, m, n, k, dtype, pes, t).latency_ps)
+    return min(close, key=lambda t: simulate(machine, m, n, k, dtype, pes, t, out_dtype=out_dtype).latency_ps)
 
 
-def numeric(a: torch.Tensor, b: torch.Tensor, pes: list, tiling: GemmTiling) -> torch.Tensor:
-    """C computed with torch on the same decomposition as the timing pass."""
+def numeric(a: torch.Tensor, b: torch.Tensor, pes: list, tiling: GemmTiling, out=None) -> torch.Tensor:
+    """C (in torch dtype ``out``, default A's) computed with torch on the same decomposition
+    as the timing pass."""
     m, k = a.shape
     n = b.shape[1]
     used = pes[: tiling.grid[0] * tiling.grid[1] * tiling.grid[2]]
@@ -83,16 +88,17 @@ def numeric(a: torch.Tensor, b: torch.Tensor, pes: list, tiling: GemmTiling) -> 
                 kk += depth
             key = (m0 + r, n0 + c)
             blocks[key] = acc if key not in blocks else blocks[key] + acc
-    out = torch.empty(m, n, dtype=a.dtype)
+    c_out = torch.empty(m, n, dtype=out or a.dtype)
     for (r, c), acc in blocks.items():
-        out[r:r + acc.shape[0], c:c + acc.shape[1]] = acc.to(a.dtype)
-    return out
+        c_out[r:r + acc.shape[0], c:c + acc.shape[1]] = acc.to(c_out.dtype)
+    return c_out
 
 
-def gemm(a=None, b=None, *, shape=None, dtype=None, pes=None, tiling=None, composite=True,
+def gemm(a=None, b=None, *, shape=None, dtype=None, out_dtype=None, pes=None, tiling=None, composite=True,
          machine=None, mode="fast", trace=False) -> GemmRun:
     """Simulate ``a @ b`` (tensors), or a timing-only GEMM of ``shape=(M, N, K)``, on
-    ``machine`` (default: the current one, ``kbtorch.use``)."""
+    ``machine`` (default: the current one, ``kbtorch.use``); C in ``out_dtype`` (a name or
+    torch dtype; default: the input dtype)."""
     machine = as_machine(machine)
     if a is not None:
         if a.dim() != 2 or b is None or b.dim() != 2 or a.shape[1] != b.shape[0]:
@@ -107,27 +113,29 @@ def gemm(a=None, b=None, *, shape=None, dtype=None, pes=None, tiling=None, compo
     else:
         raise ValueError("gemm: give tensors a and b, or shape=(M, N, K) for a timing-only run")
     check_shape(m, n, k, dtype)
+    out_dtype = dtype_of(out_dtype or dtype, "gemm out_dtype").name
     pes = list(range(len(machine.pes))) if pes is None else list(pes)
-    eb = DTYPES[dtype].bytes
+    eb, ob = DTYPES[dtype].bytes, DTYPES[out_dtype].bytes
     # NOTE: a lower bound of what the PEs hold: the operands spread evenly over them.
-    limits.check_hbm(machine, pes, -(-(m * k + k * n + m * n) * eb // len(pes)), f"gemm M={m} N={n} K={k} {dtype}")
-    tiling = tiling or auto_tiling(machine, m, n, k, dtype, pes)
+    limits.check_hbm(machine, pes, -(-((m * k + k * n) * eb + m * n * ob) // len(pes)), f"gemm M={m} N={n} K={k} {dtype}")
+    tiling = tiling or auto_tiling(machine, m, n, k, dtype, pes, out_dtype)
     limits.check("tiles", _tiles(m, n, k, tiling), f"gemm M={m} N={n} K={k} with {tiling.describe()}")
     need = tiling.grid[0] * tiling.grid[1] * tiling.grid[2]
     if need > len(pes):
         raise ValueError(f"gemm: grid {tiling.grid} needs {need} PEs but the group has {len(pes)}")
     used = pes[:need]
-    result = simulate(machine, m, n, k, dtype, pes, tiling, composite, mode, trace)
-    c = numeric(a, b, pes, tiling) if a is not None else None
-    est = estimate(machine, m, n, k, dtype, pes, tiling)
+    result = simulate(machine, m, n, k, dtype, pes, tiling, composite, mode, trace, out_dtype)
+    c = numeric(a, b, pes, tiling, DTYPES[out_dtype].torch) if a is not None else None
+    est = estimate(machine, m, n, k, dtype, pes, tiling, out_dtype)
     return GemmRun(op="gemm", machine=machine, result=result, pes=tuple(used), dtype=dtype, flops=2 * m * n * k,
                    analytic_ps=round(est.ns * 1000), plan=tiling.describe(), m=m, n=n, k=k, tiling=tiling,
-                   composite=composite, analytic=est, c=c)
+                   composite=composite, analytic=est, c=c, out_dtype=out_dtype)
 
 
-def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The definition of the numerics: C = A @ B accumulated in fp32, cast to A's dtype."""
-    return (a.float() @ b.float()).to(a.dtype)
+def reference(a: torch.Tensor, b: torch.Tensor, out_dtype=None) -> torch.Tensor:
+    """The definition of the numerics: C = A @ B accumulated in fp32, cast to ``out_dtype``
+    (default A's dtype)."""
+    return (a.float() @ b.float()).to(dtype_of(out_dtype or a.dtype, "gemm out_dtype").torch)
 
 
 def _timing(machine=None, m=1, n=1, k=1, tile=None, grid=None, **kw) -> GemmRun:
@@ -142,7 +150,9 @@ register(OpFamily("gemm", _timing,
                   reference, (Param("m", "int", required=True, help="rows of A and C"),
                               Param("n", "int", required=True, help="columns of B and C"),
                               Param("k", "int", required=True, help="columns of A, rows of B"),
-                              Param("dtype", "dtype", "f16"), Param("pes", "pes"),
+                              Param("dtype", "dtype", "f16"),
+                              Param("out_dtype", "dtype", help="dtype of C (default: the input dtype)"),
+                              Param("pes", "pes"),
                               Param("composite", "flag", True, help="composite commands (off: individual ones)"),
                               Param("tile", "shape", help="macro-tile TM,TN,TK (with grid; default: automatic)"),
                               Param("grid", "shape", help="PE grid GM,GN,GK (with tile; default: automatic)")),

@@ -3,7 +3,8 @@
 Per output tile the PE streams its K steps through a composite (DMA_READ A and B tiles ->
 FETCH -> GEMM -> STORE -> DMA_WRITE C), or, with ``composite=False``, issues the same work
 as individual commands chained by semaphores (reads may run two steps ahead; fetch and
-compute share the GEMM engine's queue, so they do not overlap). With a K split, the
+compute share the GEMM engine's queue, so they do not overlap). The engine runs at the peak
+of the dtype's rate (``DType.rate``: both fp8 formats at ``fp8``). With a K split, the
 non-owners write their fp32 partial tiles into the owner's TCM and ring its IPCQ; the owner
 sums them on its MATH engine and writes C.
 """
@@ -20,11 +21,12 @@ class Layout:
     """Byte offsets inside a shard's blocked A panel, B panel and C block (HBM buffers of
     their own), and the sizes of its TCM regions."""
 
-    def __init__(self, shard: Block, tiling: GemmTiling, dtype: str):
+    def __init__(self, shard: Block, tiling: GemmTiling, dtype: str, out_dtype: str | None = None):
         mp, np_, kp = shard.shape
         tm, tn, tk = tiling.tile
         self.eb, self.kp, self.np_ = DTYPES[dtype].bytes, kp, np_
-        self.hbm = {"a_panel": mp * kp * self.eb, "b_panel": kp * np_ * self.eb, "c_block": mp * np_ * self.eb}
+        self.ob = DTYPES[out_dtype or dtype].bytes       # C's element bytes
+        self.hbm = {"a_panel": mp * kp * self.eb, "b_panel": kp * np_ * self.eb, "c_block": mp * np_ * self.ob}
         rows, cols, depth = min(tm, mp), min(tn, np_), min(tk, kp)
         self.read_slot = (rows * depth + depth * cols) * self.eb
         self.write_slot = rows * cols * ACC_BYTES
@@ -38,15 +40,16 @@ class Layout:
         return (c * self.kp + k0 * cols) * self.eb
 
     def c(self, r: int, rows: int, c: int) -> int:
-        return (r * self.np_ + c * rows) * self.eb
+        return (r * self.np_ + c * rows) * self.ob
 
 
-def gemm_kernel(ctx, shards: dict, tiling: GemmTiling, dtype: str, composite: bool) -> None:
-    """Queue PE ``ctx.pe``'s commands for its shard of the GEMM."""
+def gemm_kernel(ctx, shards: dict, tiling: GemmTiling, dtype: str, composite: bool,
+                out_dtype: str | None = None) -> None:
+    """Queue PE ``ctx.pe``'s commands for its shard of the GEMM (C in ``out_dtype``, default ``dtype``)."""
     shard = shards.get(ctx.pe)
     if shard is None:
         return
-    lay = Layout(shard, tiling, dtype)
+    lay = Layout(shard, tiling, dtype, out_dtype)
     mp, np_, _ = shard.shape
     owner = ctx.pe == shard.owner
     for name, nbytes in lay.hbm.items():
@@ -94,9 +97,9 @@ def _composite_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, issued: 
     for g, (k0, depth, count) in enumerate(groups):
         final = g == len(groups) - 1
         a_bytes, b_bytes = rows * depth * lay.eb, depth * cols * lay.eb
-        out_bytes = rows * cols * (ACC_BYTES if dst is None or lay.split > 1 else lay.eb)
+        out_bytes = rows * cols * (ACC_BYTES if dst is None or lay.split > 1 else lay.ob)
         writes = (Move(dst, out_bytes),) if final and dst is not None else ()
-        ctx.composite(tiles=count, staging=staging.loc(), buffers=BUFFERS, accumulate=count, dtype=dtype,
+        ctx.composite(tiles=count, staging=staging.loc(), buffers=BUFFERS, accumulate=count, dtype=DTYPES[dtype].rate,
                       reads=(Move(a.loc(lay.a(r, rows, k0)), a_bytes, a_bytes),
                              Move(b.loc(lay.b(c, cols, k0)), b_bytes, b_bytes)),
                       fetch_bytes=a_bytes + b_bytes, flops=2 * rows * cols * depth,
@@ -119,9 +122,9 @@ def _chained_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, issued: in
             ctx.dma_read(a.loc(lay.a(r, rows, kk)), staging.loc(slot), a_bytes, wait=free, signal="a")
             ctx.dma_read(b.loc(lay.b(c, cols, kk)), staging.loc(slot + a_bytes), b_bytes, signal="b")
             ctx.fetch(a_bytes + b_bytes, wait=("a", "b"), signal="free")
-            ctx.gemm(rows, cols, depth, dtype)
+            ctx.gemm(rows, cols, depth, DTYPES[dtype].rate)
             issued += 1
-    out_bytes = rows * cols * (ACC_BYTES if lay.split > 1 else lay.eb)
+    out_bytes = rows * cols * (ACC_BYTES if lay.split > 1 else lay.ob)
     done = (signal,) if signal else ()
     if dst is None:
         ctx.store(rows * cols * ACC_BYTES, signal=done)
@@ -138,5 +141,5 @@ def _reduce(ctx, shard: Block, lay: Layout, dtype: str, owner: bool) -> None:
         return
     ctx.math("add", (lay.split - 1) * mp * np_, "fp32", wait=(Wait("partial", lay.split - 1), Wait("mine")),
              signal="summed", label="sum K-split partials")
-    ctx.dma_write(ctx.buffer("result").loc(), ctx.buffer("c_block").loc(), mp * np_ * lay.eb, wait="summed",
+    ctx.dma_write(ctx.buffer("result").loc(), ctx.buffer("c_block").loc(), mp * np_ * lay.ob, wait="summed",
                   label="write C")

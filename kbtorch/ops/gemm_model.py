@@ -51,14 +51,15 @@ def _ingress_gbps(machine, pe: int) -> float:
     return g.edges[next(iter(g.predecessors(rd))), rd]["bw_gbps"]
 
 
-def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: GemmTiling) -> GemmEstimate:
-    """The ideal-pipeline latency of the GEMM under ``tiling``."""
+def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: GemmTiling,
+             out_dtype: str | None = None) -> GemmEstimate:
+    """The ideal-pipeline latency of the GEMM under ``tiling`` (C in ``out_dtype``, default ``dtype``)."""
     used = tuple(pes[: tiling.grid[0] * tiling.grid[1] * tiling.grid[2]])
-    eb = DTYPES[dtype].bytes
+    eb, ob = DTYPES[dtype].bytes, DTYPES[out_dtype or dtype].bytes
     issue = machine.issue.kind_ps("composite", moves=3, stages=3) / 1000 + 3
     worst = None
     for s, hbm, trip in _shard_classes(machine, m, n, k, used, tiling.grid):
-        est = _pe_estimate(machine, s, tiling, dtype, eb, hbm, trip, issue)
+        est = _pe_estimate(machine, s, tiling, dtype, (eb, ob), hbm, trip, issue)
         if worst is None or est.ns > worst.ns:
             worst = est
     return worst
@@ -83,13 +84,13 @@ def _shard_classes(machine, m: int, n: int, k: int, used: tuple, grid: tuple) ->
     return tuple(out)
 
 
-def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, eb: int, hbm: float, trip: float,
+def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, sizes: tuple, hbm: float, trip: float,
                  issue: float) -> GemmEstimate:
     """Pipeline time of one PE: every tile class at its slowest stage (``_steady_ns``), plus
     one tile through the other stages (fill and drain), the last output tile's store and
     write, and the first issue."""
     g, info = machine.graph, machine.pes[s.pe]
-    mp, np_, kp = s.shape
+    (eb, ob), (mp, np_, kp) = sizes, s.shape
     peak = machine.engine_tflops(s.pe, "gemm", DTYPES[dtype].rate) * 1000     # flop/ns
     tcm_gbps = g.edges[info.node("tcm"), info.node("gemm")]["bw_gbps"]
     tm, tn, tk = tiling.tile
@@ -102,7 +103,7 @@ def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, eb: int, hbm: float
     rows, cols = mp - (row_tiles - 1) * tm, np_ - (col_tiles - 1) * tn
     steady = _steady_ns(((tm, row_tiles - 1), (rows, 1)), ((tn, col_tiles - 1), (cols, 1)), kp, tk, eb,
                         hbm, tcm_gbps, peak, trip)
-    last = rows * cols * (ACC_BYTES if len(s.peers) > 1 else eb)
+    last = rows * cols * (ACC_BYTES if len(s.peers) > 1 else ob)
     overhead = issue + fill + last / tcm_gbps + last / hbm + trip / 2
     if len(s.peers) > 1:
         # the other partials into the owner's TCM (through its one port), its IPCQ, the
@@ -142,7 +143,7 @@ def _grids(p: int, m: int, n: int, k: int):
                     yield gm, rest // gm, gk
 
 
-def candidates(machine, m: int, n: int, k: int, dtype: str, pes: list):
+def candidates(machine, m: int, n: int, k: int, dtype: str, pes: list, out_dtype: str | None = None):
     """(estimate, tiling) of every tiling that fits the TCM, best first."""
     cap = machine.capacity("tcm", pes[0])
     out = []
@@ -154,7 +155,7 @@ def candidates(machine, m: int, n: int, k: int, dtype: str, pes: list):
                     tiling = GemmTiling(grid, (tm, tn, tk))
                     if _tcm_need(bm, bn, grid[2], tiling, dtype) > cap:
                         continue
-                    out.append((estimate(machine, m, n, k, dtype, pes, tiling), tiling))
+                    out.append((estimate(machine, m, n, k, dtype, pes, tiling, out_dtype), tiling))
     return rank(out)
 
 

@@ -5,7 +5,7 @@ node name or an edge ``(u, v)``; the ``ps`` of a chain add up exactly to its tim
 every picosecond of a reported latency belongs to one node or edge. Causes: ``issue`` (command
 issue cost), ``fixed`` (switching overhead), ``link`` (serialisation and propagation),
 ``queue`` (waiting behind other traffic at that element), ``service`` (a memory channel or
-engine holding the request).
+engine holding the request), ``launch`` (the kernel launch reaching a PE: ``topology.launch``).
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from .components.dma import DmaModel
 from .components.memory import Memory
 from .components.pe import PEModel
 from .engine import Engine
+from ..topology.launch import CAUSE as LAUNCH
 from .network import MODES, Network, TrainPolicy, arrive
 
 
@@ -48,8 +49,8 @@ class RunResult:
         return self.latency_ps / 1000
 
     def kind_of(self, element, cause: str) -> str:
-        if cause == "issue":
-            return "issue"
+        if cause in ("issue", LAUNCH):
+            return cause
         if isinstance(element, tuple):
             return self.graph.edges[element]["kind"]
         return self.graph.nodes[element]["kind"]
@@ -117,11 +118,15 @@ class Simulator:
         return time.perf_counter()
 
     def run(self, programs: dict) -> RunResult:
-        """Launch ``{pe: [commands]}`` at t=0 and run to completion."""
+        """Launch ``{pe: [commands]}`` at t=0 and run to completion; each PE's program starts
+        when the machine's kernel launch reaches it (``Machine.launch_segments``)."""
         t0 = self._start()
         self.timeline_pe = min(programs) if programs else None
         for pe in sorted(programs):
-            self.pe(pe).launch(list(programs[pe]), 0, None)
+            model, t, chain = self.pe(pe), 0, None
+            for element, ps in self.machine.launch_segments(pe):
+                t, chain = t + ps, (element, LAUNCH, ps, chain)
+            model.launch(list(programs[pe]), t, chain)
         self.engine.run()
         stuck = [line for i in sorted(self._pes) for line in self._pes[i].stuck()]
         if stuck:

@@ -226,7 +226,9 @@ def reduce(machine, programs: dict) -> Reduction:
         def rel_pe(p, rel=rel):
             return rel(machine.pes[p].prefix)
 
+        # NOTE: members of a class must also start at the same times (kernel launch).
         sig = (_hardware(machine, unit), _routes(machine, unit, paths, rel),
+               tuple(machine.launch_ps(pe) for pe in sorted(pes)),
                tuple((rel_pe(pe), tuple(_canon(c, rel, rel_pe) for c in programs[pe])) for pe in sorted(pes)))
         classes.setdefault(sig, []).append(unit)
     members = {group[0]: tuple(group) for group in classes.values()}

@@ -20,6 +20,7 @@ class RawTopology:
     machine: dict
     issue: dict
     links: dict
+    launch: dict | None = None
     nodes: dict = field(default_factory=dict)      # full name -> attribute dict
     edges: dict = field(default_factory=dict)      # (src, dst) -> attribute dict
     pes: list = field(default_factory=list)        # PE id -> {"prefix", "roles", "coords", binds}
@@ -179,17 +180,40 @@ class Expander:
 
     def bind(self, where: str, bind: dict, prefix: str, spec: dict) -> None:
         array, attr = bind["array"], bind["attr"]
-        count = self.array_size(where, spec, array, array)
+        elements = self.elements(where, array, prefix, spec)
         nodes = bind["nodes"]
-        nodes = [nodes] * count if isinstance(nodes, str) else nodes
-        if len(nodes) != count:
-            raise TopologyError(self.path, f"{where}.nodes", f"array '{array}' has {count} elements, got {len(nodes)} nodes")
-        for i, ref in enumerate(nodes):
+        nodes = [nodes] * len(elements) if isinstance(nodes, str) else nodes
+        if len(nodes) != len(elements):
+            raise TopologyError(self.path, f"{where}.nodes", f"array '{array}' has {len(elements)} elements, "
+                                f"got {len(nodes)} nodes")
+        for element, ref in zip(elements, nodes):
             found = self.resolve(where, ref, prefix, spec)
             if len(found) != 1:
                 raise TopologyError(self.path, f"{where}.nodes", f"'{ref}' names {len(found)} nodes, expected one")
             (full,) = found
-            self.binds.setdefault(f"{prefix}{array}{i}.", {})[attr] = full
+            self.binds.setdefault(element, {})[attr] = full
+
+    def elements(self, where: str, array: str, prefix: str, spec: dict) -> list[str]:
+        """Name prefixes of the elements of ``array``: an array of this block (``pe``) or,
+        through arrays of nested blocks, of an inner one (``cluster[*].tile``, ``cluster[2].tile``).
+
+        NOTE: the nested form lets a memory of an outer block (a die-wide HBM) be bound to
+        the PEs of inner arrays; only the last part names the array whose elements get it."""
+        *outer, last = array.split(".")
+        prefixes, cur = [prefix], spec
+        for part in outer:
+            m = REF.match(part)
+            if not m or m.group(2) is None:
+                raise TopologyError(self.path, f"{where}.array", f"'{array}': '{part}' must be ARRAY[*] or ARRAY[i]")
+            token, index = m.groups()
+            count = self.array_size(where, cur, token, array)
+            picks = range(count) if index == "*" else [int(index)]
+            if picks[-1] >= count:
+                raise TopologyError(self.path, f"{where}.array", f"'{array}': '{token}' has elements 0..{count - 1}")
+            prefixes = [f"{p}{token}{i}." for p in prefixes for i in picks]
+            cur = self.blocks[cur["arrays"][token]["block"]]
+        count = self.array_size(where, cur, last, array)
+        return [f"{p}{last}{i}." for p in prefixes for i in range(count)]
 
 
 def _unflatten(i: int, shape: list) -> tuple:

@@ -1,6 +1,6 @@
 """Topology files (TOML, data only) -> flat lists of nodes and directed links.
 
-A file has five sections (see docs/topology-format.md): ``[machine]``, ``[issue]``,
+A file has five sections (see docs/topology-format.md), and an optional ``[launch]``: ``[machine]``, ``[issue]``,
 ``[links]`` (link kinds: ``bw_gbps``, ``prop_ns``), ``[components]`` (component types:
 ``kind``, ``overhead_ns``, ``transit`` and the fields of their kind), and
 ``[blocks.NAME]``: a block holds named nodes, arrays of nested blocks (``count`` or
@@ -80,7 +80,7 @@ def load_raw(path: str | Path, overrides: dict | None = None, max_elements: int 
         if machine[key] not in blocks:
             raise TopologyError(path, f"machine.{key}", f"unknown block '{machine[key]}'{did_you_mean(machine[key], blocks)}")
     check_size(doc, path, element_limit(path, max_elements))
-    raw = RawTopology(path=path, machine=machine, issue=doc["issue"], links=doc["links"])
+    raw = RawTopology(path=path, machine=machine, issue=doc["issue"], links=doc["links"], launch=doc.get("launch"))
     Expander(raw, doc["components"], blocks).run()
     if not raw.pes:
         raise TopologyError(path, "machine.pe_block", f"block '{machine['pe_block']}' is never instantiated")

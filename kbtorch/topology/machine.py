@@ -16,6 +16,7 @@ import networkx as nx
 
 from .errors import TopologyError
 from .facts import MachineFacts
+from .launch import Launch, segments
 from .loader import load_raw
 from .overrides import freeze_overrides, thaw_overrides
 from .routing import Router
@@ -100,6 +101,7 @@ class Machine(MachineFacts):
             g.add_edge(u, v, flit_ps=max(1, round(self.flit_bytes * 1000 / attrs["bw_gbps"])),
                        prop_ps=_ps(attrs["prop_ns"]), **attrs)
         self.graph = nx.freeze(g)
+        self.launch = Launch(**raw.launch) if raw.launch is not None else None
         self.pes = [PE(i, p["prefix"], _roles(p["roles"], raw.machine.get("pe_roles", {}), raw.path), p["coords"],
                        p.get("hbm"), p.get("sram")) for i, p in enumerate(raw.pes)]
         for pe in self.pes:
@@ -117,6 +119,16 @@ class Machine(MachineFacts):
             raise TopologyError(self.path, "machine.route_reset", f"dimensions {stray} are not in route_order")
         self.router = Router(self.graph, route_order, reset, self.path)
         self._check_routable()
+        self._launch = [segments(self, pe.id) for pe in self.pes]
+
+    def launch_segments(self, pe: int) -> tuple:
+        """``((element, ps), ...)``: how PE ``pe``'s program start is reached (``topology.launch``;
+        empty without a ``[launch]`` section: the program starts at t = 0)."""
+        return self._launch[pe]
+
+    def launch_ps(self, pe: int) -> int:
+        """When PE ``pe``'s program starts (ps after the kernel is launched)."""
+        return sum(ps for _, ps in self._launch[pe])
 
     def _check_routable(self) -> None:
         """Every PE reaches every other PE and its own memories; fail at load time if not."""

@@ -126,6 +126,15 @@ ISSUE = Record({
     "descriptor_bytes": req(DESCRIPTORS),
 })
 
+#: Kernel launch (optional; without it programs start at t = 0 on every PE's CP). ``node``
+#: is the launching control processor, named as seen from a PE: the innermost block around
+#: the PE that has a node of that name provides it (``dcp``: each chip's own DCP).
+LAUNCH = Record({
+    "node": req(NAME),
+    "message_bytes": req(POS_INT),
+    "fixed_ns": req(NONNEG_NUM),
+})
+
 LINK = Record({
     "kind": req(STR),
     "bw_gbps": req(POS_NUM),
@@ -203,6 +212,7 @@ BLOCK = Record({
 TOP = Record({
     "machine": req(MACHINE),
     "issue": req(ISSUE),
+    "launch": opt(LAUNCH),
     "links": req(Map(LINK)),
     "components": req(Map(COMPONENT)),
     "blocks": req(Map(BLOCK)),
