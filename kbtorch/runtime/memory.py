@@ -82,6 +82,12 @@ class Allocator:
         raise AllocationError(f"cannot allocate {nbytes} bytes in '{self.node}': {self.free_bytes} bytes free "
                               f"(largest free block {self.largest_free} bytes, capacity {self.capacity})")
 
+    def clone(self) -> "Allocator":
+        """An allocator with this one's blocks, that goes its own way from now on."""
+        other = Allocator(self.node, self.capacity, self.align)
+        other._free, other._used = list(self._free), dict(self._used)
+        return other
+
     def holds(self, addr: int, nbytes: int) -> bool:
         """Whether ``[addr, addr + nbytes)`` lies inside one allocated block."""
         for start, size in self._used.items():

@@ -25,12 +25,24 @@ class HbmFull(MemoryError):
 
 
 class HbmBook:
-    """The HBM of one machine: an ``Allocator`` per memory node."""
+    """The HBM of one machine: an ``Allocator`` per memory node, shared by nodes whose
+    allocations have been the same so far.
+
+    NOTE: a tensor on a mesh of every PE takes the same bytes on every node, so the nodes'
+    allocators stay identical: one shared allocator does for all of them (one allocation a
+    tensor, not one a node). A tensor on some of the nodes first gives them an allocator of
+    their own (a clone), so each node's blocks are always exactly its own."""
 
     def __init__(self, machine):
         self.machine = machine
         memories = Memories(machine)
-        self.nodes = {node: memories.allocator(node) for node in dict.fromkeys(pe.hbm for pe in machine.pes)}
+        self.nodes: dict = {}
+        self.members: dict = {}            # id(allocator) -> the nodes it serves
+        for node in dict.fromkeys(pe.hbm for pe in machine.pes):
+            a = memories.allocator(node)
+            twin = next((b for b in self.nodes.values() if (b.capacity, b.align) == (a.capacity, a.align)), None)
+            self.nodes[node] = twin or a
+            self.members.setdefault(id(self.nodes[node]), set()).add(node)
 
     def free(self, pe: int) -> int:
         """Bytes free in PE ``pe``'s HBM node (shared with its other PEs)."""
@@ -41,6 +53,24 @@ class HbmBook:
         split = prod(spec.mesh.shape[d] for d, p in enumerate(spec.placements) if isinstance(p, Shard))
         return -(-nbytes // split)
 
+    def _serving(self, nodes: frozenset) -> list:
+        """The allocators of ``nodes``, each serving none but some of them (split off if needed)."""
+        out = {}
+        for node in nodes:
+            a = self.nodes[node]
+            if id(a) in out:
+                continue
+            members = self.members[id(a)]
+            if not members <= nodes:
+                mine = members & nodes
+                a = a.clone()
+                members -= mine
+                self.members[id(a)] = mine
+                for n in mine:
+                    self.nodes[n] = a
+            out[id(a)] = a
+        return list(out.values())
+
     def reserve(self, owner, spec, shape: tuple, nbytes: int) -> None:
         """Take ``nbytes`` placed by ``spec`` for ``owner`` (released when it is collected)."""
         need = self.per_pe(spec, nbytes)
@@ -49,22 +79,28 @@ class HbmBook:
         demand: dict = {}
         for pe in spec.mesh.pes:
             node = self.machine.memory(pe, "hbm")
-            demand.setdefault(node, [pe, 0])[1] += need
+            demand[node] = demand.get(node, 0) + need
+        by_size: dict = {}
+        for node, size in demand.items():
+            by_size.setdefault(size, set()).add(node)
         taken = []
-        for node, (pe, size) in demand.items():
-            try:
-                taken.append((node, self.nodes[node].alloc(size)))
-            except AllocationError:
-                self._release(taken)
-                free = self.nodes[node].free_bytes
-                raise HbmFull(f"ahbm: a tensor of shape {tuple(shape)} ({nbytes} bytes, {need} per PE as "
-                              f"{list(spec.placements)}) does not fit in PE {pe}'s HBM ('{node}'): {free} of "
-                              f"{self.nodes[node].capacity} bytes free") from None
+        for size, nodes in by_size.items():
+            for a in self._serving(frozenset(nodes)):
+                try:
+                    taken.append((frozenset(self.members[id(a)]), a.alloc(size)))
+                except AllocationError:
+                    self._release(taken)
+                    node = min(self.members[id(a)])
+                    pe = next(p for p in spec.mesh.pes if self.machine.memory(p, "hbm") == node)
+                    raise HbmFull(f"ahbm: a tensor of shape {tuple(shape)} ({nbytes} bytes, {need} per PE as "
+                                  f"{list(spec.placements)}) does not fit in PE {pe}'s HBM ('{node}'): "
+                                  f"{a.free_bytes} of {a.capacity} bytes free") from None
         weakref.finalize(owner, self._release, taken)
 
     def _release(self, taken: list) -> None:
-        for node, addr in taken:
-            self.nodes[node].free(addr)
+        for nodes, addr in taken:
+            for a in {id(self.nodes[n]): self.nodes[n] for n in nodes}.values():
+                a.free(addr)
 
 
 _BOOKS: dict = {}
