@@ -13,6 +13,7 @@ NOTE: views do not take bytes of their own; a view that outlives its base is not
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from math import prod
 
@@ -53,6 +54,19 @@ class HbmBook:
         split = prod(spec.mesh.shape[d] for d, p in enumerate(spec.placements) if isinstance(p, Shard))
         return -(-nbytes // split)
 
+    @functools.lru_cache(maxsize=256)
+    def _spread(self, pes: tuple) -> tuple:
+        """``((PEs per node, nodes), ...)``: the HBM nodes of ``pes`` grouped by how many of
+        the PEs each holds."""
+        count: dict = {}
+        for pe in pes:
+            node = self.machine.memory(pe, "hbm")
+            count[node] = count.get(node, 0) + 1
+        groups: dict = {}
+        for node, n in count.items():
+            groups.setdefault(n, set()).add(node)
+        return tuple((n, frozenset(nodes)) for n, nodes in groups.items())
+
     def _serving(self, nodes: frozenset) -> list:
         """The allocators of ``nodes``, each serving none but some of them (split off if needed)."""
         out = {}
@@ -76,16 +90,10 @@ class HbmBook:
         need = self.per_pe(spec, nbytes)
         if need == 0:
             return
-        demand: dict = {}
-        for pe in spec.mesh.pes:
-            node = self.machine.memory(pe, "hbm")
-            demand[node] = demand.get(node, 0) + need
-        by_size: dict = {}
-        for node, size in demand.items():
-            by_size.setdefault(size, set()).add(node)
         taken = []
-        for size, nodes in by_size.items():
-            for a in self._serving(frozenset(nodes)):
+        for count, nodes in self._spread(tuple(spec.mesh.pes)):
+            size = count * need
+            for a in self._serving(nodes):
                 try:
                     taken.append((frozenset(self.members[id(a)]), a.alloc(size)))
                 except AllocationError:
