@@ -2,7 +2,7 @@
 the 8-chip all-gather (Fig. 8) and Qwen2.5-7B decode at 16384 context on one chip.
 
     python examples/maia200_paper.py            # every figure (PNG under docs/validation/), a table
-    python examples/maia200_paper.py --quick    # fewer points (under 2 minutes)
+    python examples/maia200_paper.py --quick    # fewer points (under 2 minutes), no PNG unless --plots DIR
     python examples/maia200_paper.py --json     # one JSON object instead of the table
 
 Run time on a 2-core machine: about 6 minutes in all, 1.5 minutes with ``--quick`` (the
@@ -139,11 +139,11 @@ def run_decode(batch: int, kv_len: int) -> dict:
             "weights_gib": weights / 2**30, "kv_mib_per_seq": kv / batch / MIB}
 
 
-def plot(results: dict, machines: dict) -> list[str]:
+def plot(results: dict, machines: dict, out: Path) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    OUT.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     files = []
     chip = machines["chip"]
     for dtype, rate, fig in (("bf16", "bf16", "fig4"), ("fp8_e4m3", "fp8", "fig5")):
@@ -159,7 +159,7 @@ def plot(results: dict, machines: dict) -> list[str]:
         ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity [flop/byte]", ylabel=f"{rate} TFLOP/s",
                title=f"Maia 200 {rate} GEMM ({fig[:3].title()}. {fig[3:]} of the paper)")
         ax.legend()
-        files.append(_save(f, f"{fig}_{rate}_roofline.png"))
+        files.append(_save(f, out / f"{fig}_{rate}_roofline.png"))
     pts = results["allgather"]["points"]
     f, ax = plt.subplots(figsize=(6, 4))
     for algo in ("direct", "ring"):
@@ -171,7 +171,7 @@ def plot(results: dict, machines: dict) -> list[str]:
     ax.set(xscale="log", yscale="log", xlabel="all-gather size per chip [bytes]", ylabel="GiB/s received per chip",
            title="Maia 200 x8 all-gather (Fig. 8 of the paper)")
     ax.legend()
-    files.append(_save(f, "fig8_allgather.png"))
+    files.append(_save(f, out / "fig8_allgather.png"))
     dec = results["decode"]["points"]
     f, ax = plt.subplots(figsize=(6, 4))
     ax.plot([d["batch"] for d in dec], [d["tokens_per_s"] for d in dec], "o-", label="simulated")
@@ -179,18 +179,17 @@ def plot(results: dict, machines: dict) -> list[str]:
     ax.axhline(PAPER["decode_tokens_per_s"], color="r", ls=":", label="paper (batch not stated)")
     ax.set(xscale="log", xlabel="batch", ylabel="tokens/s", title="Qwen2.5-7B decode, 16384 context, one chip")
     ax.legend()
-    files.append(_save(f, "decode_qwen7b.png"))
+    files.append(_save(f, out / "decode_qwen7b.png"))
     return files
 
 
-def _save(fig, name: str) -> str:
-    path = OUT / name
+def _save(fig, path: Path) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    return str(path.relative_to(OUT.parents[1]))
+    return str(path)
 
 
-def run_all(quick: bool, progress: bool) -> dict:
+def run_all(quick: bool, progress: bool, plots: Path | None = None) -> dict:
     from tqdm import tqdm
     chip, x8 = load_machine("maia200"), load_machine("maia200_x8")
     shapes = gemm_shapes(quick)
@@ -219,7 +218,7 @@ def run_all(quick: bool, progress: bool) -> dict:
     res["allgather"].update(ag_summary(res["allgather"]["points"]))
     best = max(res["decode"]["points"], key=lambda d: d["tokens_per_s"])
     res["decode"].update(best_batch=best["batch"], tokens_per_s=best["tokens_per_s"], pct_max=best["pct_max"])
-    res["plots"] = plot(res, {"chip": chip})
+    res["plots"] = plot(res, {"chip": chip}, plots) if plots else []
     return res
 
 
@@ -250,9 +249,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer points (under 2 minutes)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--plots", metavar="DIR", type=Path,
+                    help=f"write the PNG figures there (default: {OUT.relative_to(OUT.parents[1])} for the full run, "
+                         f"none with --quick, so that a quick run never replaces the published figures)")
     args = ap.parse_args(argv)
+    plots = args.plots or (None if args.quick else OUT)
     t0 = time.perf_counter()
-    res = run_all(args.quick, progress=True)  # the bar is on stderr
+    res = run_all(args.quick, progress=True, plots=plots)  # the bar is on stderr
     res["wall_s"] = time.perf_counter() - t0
     res["comparison"] = [{"figure": n, "ours": o, "paper": p} for n, o, p in comparison(res)]
     print(json.dumps(res) if args.json else table(res) + f"\nwall {res['wall_s']:.0f} s")
