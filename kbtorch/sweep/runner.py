@@ -22,7 +22,8 @@ from .workloads import add_paths, run_point
 
 __all__ = ["SweepResult", "execute", "default_store", "chunks_of"]
 
-#: Points a chunk holds at most (with fewer points, chunks shrink so every worker gets ~4).
+#: Points a chunk holds at most (with fewer points, chunks shrink so every worker gets ~8:
+#: the last chunks to finish decide how well the workers balance).
 CHUNK_MAX = 8
 
 
@@ -60,7 +61,7 @@ def _row(key: str, point, figures: dict) -> dict:
 
 
 def chunks_of(items: list, workers: int) -> list:
-    size = max(1, min(CHUNK_MAX, math.ceil(len(items) / (4 * max(1, workers)))))
+    size = max(1, min(CHUNK_MAX, math.ceil(len(items) / (8 * max(1, workers)))))
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
