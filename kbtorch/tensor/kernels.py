@@ -93,7 +93,8 @@ def bottleneck(result) -> str:
 
 
 def hbm_bytes(machine, result) -> int:
-    return sum(s["bursts"] for s in result.stats["memories"].values()) * machine.flit_bytes
+    """Bytes the run's memories served: their bursts times each memory's burst size."""
+    return sum(s["bursts"] * machine.burst_bytes(node) for node, s in result.stats["memories"].items())
 
 
 def usage(result) -> tuple:
@@ -106,8 +107,26 @@ def usage(result) -> tuple:
     return tuple((track, round(min(1.0, f), 4)) for track, f in out)
 
 
+_SUMMARIES: dict = {}
+SUMMARIES_MAX = 4096
+
+
+def _summary(machine, r) -> tuple:
+    """(bytes, bottleneck, usage) of a run, computed once per run object.
+
+    NOTE: cached kernels hand out the same run for every op of a shape, and these walk every
+    memory and the attribution chain; the entry keeps its run, so an id is never reused."""
+    got = _SUMMARIES.get(id(r))
+    if got is None or got[0] is not r:
+        got = _SUMMARIES[id(r)] = (r, (hbm_bytes(machine, r), bottleneck(r), usage(r)))
+        if len(_SUMMARIES) > SUMMARIES_MAX:
+            del _SUMMARIES[next(iter(_SUMMARIES))]
+    return got[1]
+
+
 def record(machine, run: Timed):
     """Put a timed kernel on the stream (``profiler.record``)."""
     r = run.result
-    return stream_record(run.name, run.shapes, run.kernel, r.latency_ns, flops=run.flops, bytes=hbm_bytes(machine, r),
-                         bottleneck=bottleneck(r), detail=run.detail, usage=usage(r), timeline=r.timeline or None)
+    nbytes, neck, use = _summary(machine, r)
+    return stream_record(run.name, run.shapes, run.kernel, r.latency_ns, flops=run.flops, bytes=nbytes,
+                         bottleneck=neck, detail=run.detail, usage=use, timeline=r.timeline or None)

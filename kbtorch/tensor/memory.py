@@ -44,6 +44,7 @@ class HbmBook:
             twin = next((b for b in self.nodes.values() if (b.capacity, b.align) == (a.capacity, a.align)), None)
             self.nodes[node] = twin or a
             self.members.setdefault(id(self.nodes[node]), set()).add(node)
+        self.exact = {frozenset(m): self.nodes[next(iter(m))] for m in self.members.values()}
 
     def free(self, pe: int) -> int:
         """Bytes free in PE ``pe``'s HBM node (shared with its other PEs)."""
@@ -69,6 +70,8 @@ class HbmBook:
 
     def _serving(self, nodes: frozenset) -> list:
         """The allocators of ``nodes``, each serving none but some of them (split off if needed)."""
+        if nodes in self.exact:
+            return [self.exact[nodes]]
         out = {}
         for node in nodes:
             a = self.nodes[node]
@@ -77,9 +80,12 @@ class HbmBook:
             members = self.members[id(a)]
             if not members <= nodes:
                 mine = members & nodes
-                a = a.clone()
+                del self.exact[frozenset(members)]
                 members -= mine
+                self.exact[frozenset(members)] = a
+                a = a.clone()
                 self.members[id(a)] = mine
+                self.exact[frozenset(mine)] = a
                 for n in mine:
                     self.nodes[n] = a
             out[id(a)] = a
@@ -98,16 +104,24 @@ class HbmBook:
                     taken.append((frozenset(self.members[id(a)]), a.alloc(size)))
                 except AllocationError:
                     self._release(taken)
-                    node = min(self.members[id(a)])
-                    pe = next(p for p in spec.mesh.pes if self.machine.memory(p, "hbm") == node)
-                    raise HbmFull(f"ahbm: a tensor of shape {tuple(shape)} ({nbytes} bytes, {need} per PE as "
-                                  f"{list(spec.placements)}) does not fit in PE {pe}'s HBM ('{node}'): "
-                                  f"{a.free_bytes} of {a.capacity} bytes free") from None
+                    raise self._full(spec, shape, nbytes, need) from None
         weakref.finalize(owner, self._release, taken)
+
+    def _full(self, spec, shape: tuple, nbytes: int, need: int) -> HbmFull:
+        """The error naming the first PE of the mesh (in its order) whose HBM cannot hold its part."""
+        sizes = {node: count * need for count, nodes in self._spread(tuple(spec.mesh.pes)) for node in nodes}
+        pe = next(p for p in spec.mesh.pes if self.nodes[self.machine.memory(p, "hbm")].largest_free
+                  < sizes[self.machine.memory(p, "hbm")])
+        node = self.machine.memory(pe, "hbm")
+        a = self.nodes[node]
+        return HbmFull(f"ahbm: a tensor of shape {tuple(shape)} ({nbytes} bytes, {need} per PE as "
+                       f"{list(spec.placements)}) does not fit in PE {pe}'s HBM ('{node}'): "
+                       f"{a.free_bytes} of {a.capacity} bytes free")
 
     def _release(self, taken: list) -> None:
         for nodes, addr in taken:
-            for a in {id(self.nodes[n]): self.nodes[n] for n in nodes}.values():
+            whole = self.exact.get(nodes)
+            for a in [whole] if whole is not None else {id(self.nodes[n]): self.nodes[n] for n in nodes}.values():
                 a.free(addr)
 
 
