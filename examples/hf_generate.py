@@ -96,14 +96,18 @@ def run(args):
 
 
 def step_bytes(model, batch: int, context: int) -> int:
-    """HBM bytes a decode step reads: every weight once (an MoE: the embedding row aside,
-    all experts that may be hit, an upper bound) and the KV cache of ``context`` positions."""
+    """HBM bytes a decode step reads: every weight once but the embedding (of an MoE's
+    experts, those its tokens are routed to: at most ``batch x experts_per_tok`` of them, as
+    the weights of a fraction of the experts) and the KV cache of ``context`` positions."""
     cfg = model.config
-    weights = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    share = min(1.0, batch * cfg.num_experts_per_tok / experts) if experts else 1.0
+    weights = sum(p.numel() * p.element_size() * (share if ".experts." in n else 1.0)
+                  for n, p in model.named_parameters() if "embed_tokens" not in n)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     eb = next(model.parameters()).element_size()
     kv = 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * head_dim * context * eb
-    return weights + kv
+    return round(weights) + kv
 
 
 def report(args, prof, clock, out, expect, model, wall: float) -> dict:
