@@ -27,7 +27,7 @@ def command_name(family) -> str:
 def add_family_parsers(bench, parents) -> None:
     """Declare one ``bench`` subcommand per registered op family."""
     ops.load_families()
-    for fam in families():
+    for fam in sorted(families(), key=command_name):
         if fam.cli:
             module, fn = fam.cli.split(":")
             getattr(importlib.import_module(module), fn)(bench, parents, fam)
