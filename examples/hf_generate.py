@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kbtorch  # noqa: E402
 from kbtorch.profiler import clock_ns  # noqa: E402
-from models.hf import CONFIGS, build, config, place_tp  # noqa: E402
+from models.hf import CONFIGS, build, place_tp  # noqa: E402
 
 TINY = {"tiny": "tiny-qwen2", "tiny-llama": "tiny-llama", "tiny-mistral": "tiny-mistral", "tiny-mixtral": "tiny-mixtral"}
 

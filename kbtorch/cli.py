@@ -25,7 +25,7 @@ from .topology.machine import load_machine
 from .cli_common import _byte_count, _pe_arg, _pes_arg, _run_info, _write_trace
 from .cli_ops import add_family_parsers
 from .cli_sweep import add_parser as add_sweep_parser
-from .units import fmt_bytes, fmt_ns, parse_bytes
+from .units import fmt_bytes, fmt_ns
 
 HBM_PATTERNS = ("uniform", "hot-channel")
 EXAMPLE_BYTES = 1 << 20

@@ -4,7 +4,6 @@ extra (``pip install -e ".[sweep]"``); its modules are imported only when the co
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 
 from .cli_common import _positive_int

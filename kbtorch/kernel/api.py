@@ -110,9 +110,7 @@ class PEContext:
         node = x.node
         if node not in self.machine.graph or self.machine.graph.nodes[node]["kind"] not in ("hbm", "sram", "tcm"):
             raise ValueError(f"{self._where(what)}: '{node}' is not a memory node")
-        granule = self.machine.burst_bytes(node) if self.machine.graph.nodes[node]["kind"] != "tcm" \
-            else self.machine.flit_bytes
-        extent = (-(-nbytes // granule) - 1) * stride + granule if stride else nbytes
+        extent = self.machine.span(node, nbytes, stride)
         addr = _count(x.addr, f"{self._where(what)} address", 0)
         size = x.nbytes if isinstance(x, Buf) else self.machine.node_capacity(node)
         inside = f"buffer '{x.name}'" if isinstance(x, Buf) else f"'{node}'"

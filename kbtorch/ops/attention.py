@@ -33,7 +33,6 @@ import torch
 
 from .. import limits
 from ..kernel import launch
-from ..sim.simulator import RunResult
 from . import attention_kernel as ak
 from .attention_plan import ACC_BYTES, AttentionShape, AttentionTiling, decode_plan, prefill_plan
 from .contract import DTYPES, OpFamily, OpRun, Param, as_machine, dtype_of, register
@@ -163,7 +162,7 @@ def _pe_estimate(machine, shape, w, own: float, up: float, ctrl_bytes: int) -> t
     gemm = machine.engine_tflops(w.pe, "gemm", DTYPES[shape.dtype].rate) * 1000      # flop/ns
     vec = machine.engine_tflops(w.pe, "math", "fp32") * 1000
     tcm = g.edges[info.node("tcm"), info.node("gemm")]["bw_gbps"]
-    port = g.edges[next(iter(g.predecessors(info.node("dma_rd")))), info.node("dma_rd")]["bw_gbps"]
+    port = machine.port_gbps(w.pe, "dma_rd")
     m = shape.group * max(it.positions for it in w.items)
     read = _read_bytes(w, shape)
     hbm = min(own, up * read / ctrl_bytes)

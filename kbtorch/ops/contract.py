@@ -15,7 +15,7 @@ import torch
 from ..sim.simulator import RunResult
 from ..topology import as_machine
 
-__all__ = ["DType", "DTYPES", "dtype_of", "as_machine", "OpRun", "Param", "OpFamily", "register", "family",
+__all__ = ["DType", "DTYPES", "dtype_of", "as_machine", "memory_bytes", "OpRun", "Param", "OpFamily", "register", "family",
            "families"]
 
 
@@ -45,6 +45,14 @@ def dtype_of(x, op: str = "kbtorch") -> DType:
         what = f"unknown dtype '{t}'" if isinstance(t, str) else f"dtype {t} is not supported"
         raise ValueError(f"{op}: {what} (supported: {', '.join(DTYPES)})")
     return found
+
+
+def memory_bytes(machine, result: RunResult, kind: str | None = "hbm") -> int:
+    """Bytes a run's memories of ``kind`` (None: every memory) served: their bursts times
+    each memory's burst size."""
+    g = machine.graph
+    return sum(s["bursts"] * machine.burst_bytes(n) for n, s in result.stats["memories"].items()
+               if kind is None or g.nodes[n]["kind"] == kind)
 
 
 @dataclass(kw_only=True)
@@ -84,9 +92,7 @@ class OpRun:
 
     def mem_bytes(self, kind: str | None = "hbm") -> int:
         """Bytes the memories of ``kind`` (None: every memory) served, from their burst counts."""
-        g = self.machine.graph
-        return sum(s["bursts"] * self.machine.burst_bytes(n) for n, s in self.result.stats["memories"].items()
-                   if kind is None or g.nodes[n]["kind"] == kind)
+        return memory_bytes(self.machine, self.result, kind)
 
     @property
     def hbm_bytes(self) -> int:

@@ -42,13 +42,7 @@ def _hbm_gbps(machine, pe: int, active: dict) -> float:
     """HBM bandwidth (GB/s) PE ``pe`` gets from its own slice with ``active`` slices per
     controller streaming."""
     ctrl, own, up = machine.hbm_port(pe)
-    return min(own, up / active[ctrl], _ingress_gbps(machine, pe))
-
-
-@functools.lru_cache(maxsize=4096)
-def _ingress_gbps(machine, pe: int) -> float:
-    g, rd = machine.graph, machine.pes[pe].node("dma_rd")
-    return g.edges[next(iter(g.predecessors(rd))), rd]["bw_gbps"]
+    return min(own, up / active[ctrl], machine.port_gbps(pe, "dma_rd"))
 
 
 def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: GemmTiling,
@@ -109,7 +103,7 @@ def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, sizes: tuple, hbm: 
         # the other partials into the owner's TCM (through its one port), its IPCQ, the
         # sum on MATH (fp32), C out: three trips
         math = machine.engine_tflops(s.pe, "math", "fp32") * 1000
-        ingress = g.edges[next(iter(g.predecessors(info.node("dma_rd")))), info.node("dma_rd")]["bw_gbps"]
+        ingress = machine.port_gbps(s.pe, "dma_rd")
         others = len(s.peers) - 1
         overhead += others * mp * np_ * ACC_BYTES / ingress + others * mp * np_ / math + 3 * trip + 3 * issue
     return GemmEstimate(steady + overhead, stages["compute"], stages["DMA"], stages["TCM"], overhead, bound)

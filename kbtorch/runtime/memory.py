@@ -130,8 +130,7 @@ class Memories:
         a = self.allocators.get(node)
         if a is None:
             m = self.machine
-            align = m.burst_bytes(node) if m.graph.nodes[node]["kind"] != "tcm" else m.flit_bytes
-            a = self.allocators[node] = Allocator(node, m.node_capacity(node), align)
+            a = self.allocators[node] = Allocator(node, m.node_capacity(node), m.granule(node))
         return a
 
     def alloc(self, pe: int, level: str, nbytes: int, name: str = "") -> Buf:

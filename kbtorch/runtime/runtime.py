@@ -84,10 +84,9 @@ class Runtime:
         self._programs.setdefault(pe, []).extend(commands)
 
     def _check_range(self, pe: int, cmd, end: str, loc, stride: int) -> None:
-        node = self.machine.graph.nodes.get(loc.node)
-        granule = self.machine.flit_bytes if node is None or node["kind"] == "tcm" else self.machine.burst_bytes(loc.node)
-        extent = (-(-cmd.nbytes // granule) - 1) * stride + granule if stride else cmd.nbytes
-        ok = isinstance(loc.addr, int) and loc.addr >= 0 and cmd.nbytes > 0 and loc.node in self.memories.allocators \
+        known = loc.node in self.memories.allocators
+        extent = self.machine.span(loc.node, cmd.nbytes, stride) if known else cmd.nbytes
+        ok = known and isinstance(loc.addr, int) and loc.addr >= 0 and cmd.nbytes > 0 \
             and self.memories.allocators[loc.node].holds(loc.addr, extent)
         if not ok:
             raise ValueError(f"PE {pe} {cmd.describe()}: the {end} range of {extent} bytes at '{loc.node}' address "

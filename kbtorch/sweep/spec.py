@@ -30,7 +30,7 @@ from ..topology.loader import read_toml
 from ..topology.machine import topology_path
 from ..topology.overrides import apply_overrides
 from ..topology.validate import validate
-from .workloads import Workload, parse_workload
+from .workloads import parse_workload
 
 __all__ = ["SpecError", "Axis", "Point", "Spec", "load_spec", "base_value", "COMBINE"]
 

@@ -9,7 +9,7 @@ from functools import lru_cache
 
 import torch
 
-from ..ops.contract import dtype_of as contract_dtype
+from ..ops.contract import dtype_of as contract_dtype, memory_bytes
 from ..ops.elementwise import elementwise
 from ..profiler import kind_name, record as stream_record
 from .placement import Shard, Spec, flat_mesh
@@ -92,11 +92,6 @@ def bottleneck(result) -> str:
     return kind_name(max(parts, key=lambda k: (parts[k], k))) if parts else ""
 
 
-def hbm_bytes(machine, result) -> int:
-    """Bytes the run's memories served: their bursts times each memory's burst size."""
-    return sum(s["bursts"] * machine.burst_bytes(node) for node, s in result.stats["memories"].items())
-
-
 def usage(result) -> tuple:
     """(track, busy fraction) of a run: each engine role (mean over the PEs that used it)
     and each link kind (its busiest link), over the run's latency."""
@@ -118,7 +113,7 @@ def _summary(machine, r) -> tuple:
     memory and the attribution chain; the entry keeps its run, so an id is never reused."""
     got = _SUMMARIES.get(id(r))
     if got is None or got[0] is not r:
-        got = _SUMMARIES[id(r)] = (r, (hbm_bytes(machine, r), bottleneck(r), usage(r)))
+        got = _SUMMARIES[id(r)] = (r, (memory_bytes(machine, r, None), bottleneck(r), usage(r)))
         if len(_SUMMARIES) > SUMMARIES_MAX:
             del _SUMMARIES[next(iter(_SUMMARIES))]
     return got[1]

@@ -80,6 +80,18 @@ class MachineFacts:
         """Bytes of one access burst of memory node ``node`` (its interleaving granule)."""
         return int(self.graph.nodes[node]["params"]["burst_bytes"])
 
+    def granule(self, node: str) -> int:
+        """Bytes of one access of memory node ``node``: its burst (HBM, SRAM) or a flit (TCM)."""
+        return self.flit_bytes if self.graph.nodes[node]["kind"] == "tcm" else self.burst_bytes(node)
+
+    def span(self, node: str, nbytes: int, stride: int = 0) -> int:
+        """Bytes of ``node`` that ``nbytes`` cover when consecutive accesses are ``stride``
+        bytes apart (0: contiguous)."""
+        if not stride:
+            return nbytes
+        granule = self.granule(node)
+        return (-(-nbytes // granule) - 1) * stride + granule
+
     @functools.cache
     def sharers(self, node: str) -> tuple:
         """The PEs whose HBM or SRAM is memory node ``node``."""
@@ -102,6 +114,7 @@ class MachineFacts:
         up = sum(g.edges[ctrl, v]["bw_gbps"] for v in g.successors(ctrl) if g.nodes[v]["transit"])
         return ctrl, own, up
 
+    @functools.cache
     def port_gbps(self, pe: int, role: str) -> float:
         """GB/s of the network port of PE ``pe``'s engine ``role``: the links into it from
         transit nodes (``dma_rd``: what it reads) or out of it to them (any other role)."""
