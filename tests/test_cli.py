@@ -106,7 +106,10 @@ def test_json_flag_before_command(capsys):
 ])
 def test_bench_hbm_bandwidth(pes, pattern, lo, hi, cli_json):
     d = cli_json("bench", "hbm", "--pes", pes, "--bytes", "256KiB", "--pattern", pattern)
-    assert lo <= d["gbps"] <= hi
+    launch = max(d["launch_ns"].values())
+    assert lo <= d["gbps"] * d["latency_ns"] / (d["latency_ns"] - launch) <= hi        # from the last launch
+    assert all(lo / len(d["pes"]) <= g <= hi for g in d["per_pe_gbps"].values())
+    assert 0 < launch < 200                                                            # the kernel launch
     assert set(d["per_pe_gbps"]) == {str(p) for p in parse_pes(pes)}
     assert {"latency_ns", "events", "wall_s"} <= set(d)
 

@@ -16,14 +16,15 @@ def test_issue_cost_of_a_typical_composite_is_43_ns(ahbm):
 
 def test_single_command_latency_is_cpu_issue_scheduler_and_service(ahbm):
     result = run(ahbm, {0: [Compute(8000, engine="gemm")]})   # 8000 flop at 8 TFLOP/s = 1 ns
-    assert result.breakdown() == {"cpu": 2000, "issue": 42000, "scheduler": 1000, "gemm": 1000}
-    assert result.latency_ps == 46_000
+    launch = ahbm.launch_ps(0)
+    assert result.breakdown() == {"launch": launch, "cpu": 2000, "issue": 42000, "scheduler": 1000, "gemm": 1000}
+    assert result.latency_ps == launch + 46_000
 
 
 def test_control_processor_runs_ahead_of_the_engines(ahbm):
     cmds = [Compute(8_000_000, engine="gemm") for _ in range(3)]   # 1 us each
     result = run(ahbm, {0: cmds})
-    assert result.latency_ps == 2000 + 42000 + 1000 + 3 * 1_000_000
+    assert result.latency_ps == ahbm.launch_ps(0) + 2000 + 42000 + 1000 + 3 * 1_000_000
     assert result.breakdown()["issue"] == 42000
 
 
@@ -31,22 +32,23 @@ def test_busy_engine_takes_issued_commands_without_an_event_each(ahbm):
     # NOTE: commands issued while the engine works join its queue when it looks (lazily).
     cmds = [Compute(8_000_000, engine="gemm") for _ in range(50)]   # 1 us each
     result = run(ahbm, {0: cmds})
-    assert result.latency_ps == 45_000 + 50 * 1_000_000
+    assert result.latency_ps == ahbm.launch_ps(0) + 45_000 + 50 * 1_000_000
     assert result.events <= len(cmds) + 2
 
 
 def test_idle_engine_starts_a_command_when_it_arrives(ahbm):
     cmds = [Compute(8000, engine="gemm"), Compute(8000, engine="gemm")]   # 1 ns each
     result = run(ahbm, {0: cmds})
-    assert result.latency_ps == 2000 + 2 * 42000 + 1000 + 1000   # the second arrives after the first ends
-    assert result.timeline["gemm"][1][:2] == (87_000, 88_000)
+    t0 = ahbm.launch_ps(0)
+    assert result.latency_ps == t0 + 2000 + 2 * 42000 + 1000 + 1000   # the second arrives after the first ends
+    assert result.timeline["gemm"][1][:2] == (t0 + 87_000, t0 + 88_000)
 
 
 def test_semaphore_orders_commands_across_engines(ahbm):
     produce = Compute(8_000_000, engine="gemm", signals=(Signal("tile"),))
     consume = Compute(1_000_000, engine="math", dtype="f16", waits=(Wait("tile"),))
     result = run(ahbm, {0: [produce, consume]})
-    assert result.latency_ps == 45_000 + 1_000_000 + 1_000_000
+    assert result.latency_ps == ahbm.launch_ps(0) + 45_000 + 1_000_000 + 1_000_000
     assert result.breakdown()["gemm"] == 1_000_000 and result.breakdown()["math"] == 1_000_000
 
 
@@ -104,5 +106,5 @@ def test_unknown_dtype_and_pe_are_named(ahbm):
 
 def test_result_reports_each_pes_finish(ahbm):
     result = run(ahbm, {0: [Compute(8000)], 9: [Compute(8_000_000)]})
-    assert result.pe_finish_ps == {0: 46_000, 9: 45_000 + 1_000_000}
+    assert result.pe_finish_ps == {0: ahbm.launch_ps(0) + 46_000, 9: ahbm.launch_ps(9) + 45_000 + 1_000_000}
     assert result.latency_ps == max(result.pe_finish_ps.values())

@@ -10,8 +10,9 @@ prefixes of the topology file, e.g. a PE, then its CUBE, then its SIP) at which
 
 1. every path a PE's commands use (DMA and composite data paths, IPCQ sends) and every PE
    it sends to or notifies lies inside its own unit at that level, and
-2. units fall into classes whose members have identical programs and identical hardware
-   once their names are taken relative to the unit's prefix.
+2. units fall into classes whose members have identical programs, identical hardware and
+   identical kernel-launch times relative to the unit's first launch, once their names are
+   taken relative to the unit's prefix.
 
 It returns a ``Reduction`` with the representatives' programs (the first unit of each class)
 and the multiplicity of every node, so the run's counters can be scaled back
@@ -20,12 +21,15 @@ and the multiplicity of every node, so the run's counters can be scaled back
 
 NOTE: units at the chosen level share no resource (condition 1 includes every node and link
 on every path), so the runs of two members of a class are the same run under renaming, and
-the whole run's latency is the maximum over the classes' representatives. The trace of a
-reduced run holds the representatives only.
+a member launched later than another runs the same run shifted by the difference. The
+representative of a class is its member launched last, so the whole run's latency is the
+maximum over the classes' representatives, and its chain is a representative's own; other
+members' finishes are the representative's shifted back. The trace of a reduced run holds
+the representatives only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from functools import lru_cache
 
 from .commands import Composite, Compute, Dma, Fetch, Loc, Send, Store
@@ -44,6 +48,7 @@ class Reduction:
 
     programs: dict
     members: dict          # representative unit prefix -> every member prefix of its class
+    shift_ps: dict = field(default_factory=dict)   # member prefix -> its launch minus its representative's
 
     @property
     def reduced(self) -> bool:
@@ -67,7 +72,7 @@ class Reduction:
                 for pe, t in result.pe_finish_ps.items():
                     prefix = machine.pes[pe].prefix
                     if prefix.startswith(rep):
-                        finish[pe_of[member + prefix[len(rep):]]] = t
+                        finish[pe_of[member + prefix[len(rep):]]] = t + self.shift_ps.get(member, 0)
                 for node, s in result.stats["memories"].items():
                     if node.startswith(rep):
                         mems[member + node[len(rep):]] = s
@@ -220,17 +225,24 @@ def reduce(machine, programs: dict) -> Reduction:
     if units is None:
         return whole
     classes: dict = {}
+    base: dict = {}
     for unit, (pes, paths) in units.items():
         rel = _namer(unit)
 
         def rel_pe(p, rel=rel):
             return rel(machine.pes[p].prefix)
 
-        # NOTE: members of a class must also start at the same times (kernel launch).
+        # NOTE: members of a class must start at the same times relative to their first
+        # launch (kernel launch); a whole unit launched later runs the same run shifted.
+        starts = [machine.launch_ps(pe) for pe in sorted(pes)]
+        base[unit] = min(starts)
         sig = (_hardware(machine, unit), _routes(machine, unit, paths, rel),
-               tuple(machine.launch_ps(pe) for pe in sorted(pes)),
+               tuple(t - base[unit] for t in starts),
                tuple((rel_pe(pe), tuple(_canon(c, rel, rel_pe) for c in programs[pe])) for pe in sorted(pes)))
         classes.setdefault(sig, []).append(unit)
-    members = {group[0]: tuple(group) for group in classes.values()}
+    # NOTE: the representative is the member launched last (the first such in name order),
+    # so the class's latest finish, and its chain, are the representative's own.
+    members = {max(g, key=lambda u: (base[u], -g.index(u))): tuple(g) for g in classes.values()}
+    shift = {m: base[m] - base[rep] for rep, group in members.items() for m in group}
     reps = {pe: programs[pe] for unit in members for pe in units[unit][0]}
-    return Reduction(reps, members)
+    return Reduction(reps, members, shift)
