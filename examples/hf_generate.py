@@ -4,14 +4,18 @@ The model is built from its config (``models/hf.py``: no download): full-size on
 meta device and run timing-only (no data, default), ``tiny`` ones with seeded random
 weights (``--check`` compares logits and greedy tokens with the same model on CPU). The
 weights are placed tensor-parallel over all PEs (``models.hf.place_tp``); the KV cache is
-the one the model uses (``DynamicCache``). Reported, as serving people look at it: time to
+the one the model uses: ``DynamicCache`` (``--cache dynamic``, Hugging Face's default: each
+step concatenates the whole cache) or ``StaticCache`` (``--cache static``: preallocated, each
+step writes its new keys and values in place). ``--kernels fused`` (default) runs the RMSNorm
+layers as one fused op each (``models.hf.fuse_norms``, as a serving stack's kernel does);
+``--kernels eager`` runs the layers' own op-by-op chain. Reported, as serving people look at it: time to
 first token (the prefill forward), time per output token (each decode step), tokens/s, the
 % of the HBM roofline per decode step (bytes read: weights + KV cache, over the step's
 simulated time, against ``machine.hbm_gbps`` of all PEs) and the per-op profile.
 
     python examples/hf_generate.py --model qwen2.5-7b --prompt-len 128 --new-tokens 8
     python examples/hf_generate.py --model mixtral-8x7b --prompt-len 32 --new-tokens 2 --json
-    python examples/hf_generate.py --model tiny --batch 4 --check
+    python examples/hf_generate.py --model tiny --batch 4 --check --cache static
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kbtorch  # noqa: E402
 from kbtorch.profiler import clock_ns  # noqa: E402
-from models.hf import CONFIGS, build, place_tp  # noqa: E402
+from models.hf import CONFIGS, build, fuse_norms, place_tp  # noqa: E402
 
 TINY = {"tiny": "tiny-qwen2", "tiny-llama": "tiny-llama", "tiny-mistral": "tiny-mistral", "tiny-mixtral": "tiny-mixtral"}
 
@@ -40,6 +44,10 @@ def parse(argv):
     ap.add_argument("--new-tokens", type=int, default=8)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--timing-only", action="store_true", default=None, help="no data (default for full size)")
+    ap.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
+                    help="the KV cache: DynamicCache (default) or StaticCache")
+    ap.add_argument("--kernels", choices=("fused", "eager"), default="fused",
+                    help="RMSNorm as one fused op (default) or the layers' eager op chain")
     ap.add_argument("--check", action="store_true", help="tiny models: logits and tokens against CPU")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--topology", metavar="NAME|PATH", help="the machine (default: $KBTORCH_TOPOLOGY or ahbm)")
@@ -82,6 +90,10 @@ def run(args):
     for row in range(1, args.batch, 2):
         mask[row, :min(row, args.prompt_len - 1)] = 0          # left padding on every other row
     gen = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
+    if args.cache == "static":
+        gen["cache_implementation"] = "static"
+    if args.kernels == "fused":
+        fuse_norms(model)
     expect = None
     if args.check:
         with torch.no_grad():
@@ -122,7 +134,7 @@ def report(args, prof, clock, out, expect, model, wall: float) -> dict:
     tpot = sum(decode) / len(decode) if decode else None
     total = sum(clock.steps)
     rec = {"model": args.model, "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-           "timing_only": args.timing_only, "ttft_ns": prefill, "tpot_ns": tpot, "decode_steps": steps,
+           "cache": args.cache, "kernels": args.kernels, "timing_only": args.timing_only, "ttft_ns": prefill, "tpot_ns": tpot, "decode_steps": steps,
            "tokens_per_s": args.batch * args.new_tokens * 1e9 / total if total else None,
            "decode_tokens_per_s": args.batch * 1e9 / tpot if tpot else None, "total_ns": total,
            "ops": [{"name": r.name, "latency_ns": r.latency_ns, "bottleneck": r.bottleneck}
@@ -145,8 +157,9 @@ def main(argv=None) -> int:
         print(json.dumps(rec))
         return 0 if ok else 1
     print(prof.key_averages().table(sort_by="latency_ns", row_limit=15))
-    print(f"\n{args.model}, batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new tokens "
-          f"({'timing only' if args.timing_only else 'with data'}, {rec['wall_s']:.1f} s wall)")
+    print(f"\n{args.model}, batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
+          f"{args.cache} cache, {args.kernels} norms ({'timing only' if args.timing_only else 'with data'}, "
+          f"{rec['wall_s']:.1f} s wall)")
     print(f"time to first token (prefill): {rec['ttft_ns'] / 1e3:.1f} us")
     for s in rec["decode_steps"]:
         print(f"  decode step, context {s['context']}: {s['ns'] / 1e3:.1f} us, "

@@ -7,11 +7,13 @@ a CPU copy to check against), full-size ones on the meta device for timing-only 
 weight is ever materialised). ``place_tp`` places a model on ahbm as
 ``models.qwen2.tensor_parallel`` does a decoder layer (column-parallel q/k/v/gate/up,
 row-parallel o/down), everything else by default (the embedding and the LM head sharded
-on the vocabulary). Needs the optional extra ``hf`` (transformers).
+on the vocabulary). ``fuse_norms`` runs the model's RMSNorm layers as torch's fused
+``rms_norm``, as a serving stack's kernel does. Needs the optional extra ``hf`` (transformers).
 """
 from __future__ import annotations
 
 import copy
+import types
 
 import torch
 
@@ -94,3 +96,28 @@ def place_tp(model):
             setattr(sub, pname, torch.nn.Parameter(kbtorch.distribute_tensor(p.data, mesh, [placed]),
                                                    requires_grad=False))
     return model
+
+
+def _fused_rms_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``torch.nn.functional.rms_norm``: the norm in fp32, cast back, times the weight: the
+    same arithmetic as the Hugging Face layers' forward, in one op."""
+    return torch.nn.functional.rms_norm(hidden_states, (hidden_states.shape[-1],), self.weight,
+                                        self.variance_epsilon)
+
+
+def fuse_norms(model) -> int:
+    """Run every RMSNorm layer of ``model`` (Hugging Face's kernel-hub layer name
+    ``"RMSNorm"``: a class named ``*RMSNorm`` with ``weight`` and ``variance_epsilon``) as one
+    fused ``rms_norm`` op instead of its eager chain (cast, pow, mean, add, rsqrt, mul, cast,
+    mul). Returns how many layers it set. The model's code is unchanged: the instances'
+    ``forward`` is replaced, as ``kernels.kernelize`` replaces it with a hub kernel on CUDA.
+
+    NOTE: ``torch.nn.functional.rms_norm`` computes as those layers do (upcast to fp32,
+    ``x * rsqrt(mean(x^2) + eps)``, cast to the input's dtype, multiply by the weight)."""
+    count = 0
+    for module in model.modules():
+        if (type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor)
+                and isinstance(getattr(module, "variance_epsilon", None), float)):
+            module.forward = types.MethodType(_fused_rms_norm, module)
+            count += 1
+    return count

@@ -32,3 +32,30 @@ def test_forward_and_generate_match_cpu(name, batch):
         gen = dict(max_new_tokens=3, do_sample=False)
         expect = ref.generate(ids, attention_mask=mask, **gen)
         assert torch.equal(model.generate(ids.to("ahbm"), attention_mask=mask.to("ahbm"), **gen).cpu(), expect)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fused_norms_are_one_op_with_the_eager_values(name):
+    import kbtorch
+    from models.hf import fuse_norms
+    model, ref = build(name)
+    assert fuse_norms(model) == 2 * model.config.num_hidden_layers + 1
+    ids, mask = _prompt(2)
+    model.to("ahbm")
+    with torch.no_grad(), kbtorch.profile() as prof:
+        got = model(ids.to("ahbm"), attention_mask=mask.to("ahbm")).logits.cpu()
+    want = ref(ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], rtol=1e-4, atol=1e-4)
+    names = [r.name for r in prof.records]
+    assert names.count("aten::rms_norm") == 2 * model.config.num_hidden_layers + 1
+    assert "aten::pow" not in names and "aten::rsqrt" not in names
+
+
+def test_static_cache_generate_matches_cpu():
+    model, ref = build("tiny-qwen2")
+    ids, mask = _prompt(4)
+    gen = dict(max_new_tokens=3, do_sample=False, cache_implementation="static")
+    model.to("ahbm")
+    with torch.no_grad():
+        expect = ref.generate(ids, attention_mask=mask, **gen)
+        assert torch.equal(model.generate(ids.to("ahbm"), attention_mask=mask.to("ahbm"), **gen).cpu(), expect)

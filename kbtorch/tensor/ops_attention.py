@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.attention import attention
-from .dispatch import Out, register, same_device, value_of
+from .dispatch import Out, host_call, register, same_device, value_of
 from .kernels import dtype_of, timed, vector
 from .ops_matmul import timed_mm
 from .placement import Shard
@@ -39,7 +39,7 @@ def sdpa(func, args, kwargs, machine):
     call = dict(zip(NAMES, args), **kwargs)
     q, k, v = call["query"], call["key"], call["value"]
     same_device("scaled_dot_product_attention", [q, k, v] + [m for m in (call.get("attn_mask"),) if m is not None])
-    out = F.scaled_dot_product_attention(*(value_of(a) for a in args), **{n: value_of(x) for n, x in kwargs.items()})
+    out = host_call(F.scaled_dot_product_attention, args, kwargs)
     dtype, eb = dtype_of("scaled_dot_product_attention", value_of(q))
     if call.get("attn_mask") is not None or call.get("dropout_p", 0.0) or q.dim() not in (3, 4):
         return Out(out, runs=_fallback(machine, q, k, v, dtype, eb))

@@ -37,6 +37,13 @@ def is_timing_only() -> bool:
     return _TIMING_ONLY.get()
 
 
+#: torch functions forwarded whole to ``dispatch``, as the aten op of the same signature.
+WHOLE = {
+    torch.nn.functional.scaled_dot_product_attention: torch.ops.aten.scaled_dot_product_attention.default,
+    torch.nn.functional.rms_norm: torch.ops.aten.rms_norm.default,
+}
+
+
 class AhbmTensor(torch.Tensor):
     """A tensor on ``ahbm``: ``_value`` (its global value on the host) and ``_spec`` (placement)."""
 
@@ -81,10 +88,14 @@ class AhbmTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        """SDPA is forwarded whole to ``dispatch`` (as ``aten.scaled_dot_product_attention``);
-        everything else goes on to ``__torch_dispatch__``."""
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            return dispatch(cls, torch.ops.aten.scaled_dot_product_attention.default, args, kwargs or {})
+        """The fused functions of ``WHOLE`` (SDPA, ``rms_norm``) are forwarded whole to
+        ``dispatch`` as their aten op; everything else goes on to ``__torch_dispatch__``.
+
+        NOTE: outside inference mode torch decomposes a composite op such as ``rms_norm``
+        before dispatch; forwarded here, it is one fused kernel in every grad mode."""
+        whole = WHOLE.get(func)
+        if whole is not None:
+            return dispatch(cls, whole, args, kwargs or {})
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
 
