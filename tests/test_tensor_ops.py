@@ -164,13 +164,23 @@ def test_sdpa_runs_the_fused_kernel_and_matches_cpu(gen, causal, q_heads, kv_hea
     assert rec.latency_ns > 0 and rec.flops > 0 and rec.bytes > 0
 
 
-def test_sdpa_with_a_mask_runs_the_fallback_and_says_so(gen):
+def test_sdpa_with_a_mask_runs_the_kernel_and_a_mask_pass(gen):
     q, k, v = (torch.randn(1, 2, 6, 16, generator=gen) for _ in range(3))
     mask = torch.rand(6, 6, generator=gen) > 0.3
     mask.fill_diagonal_(True)
     with kbtorch.profile() as prof:
         out = F.scaled_dot_product_attention(q.to("ahbm"), k.to("ahbm"), v.to("ahbm"), attn_mask=mask.to("ahbm"))
     close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    kernel, masked = prof.records
+    assert kernel.name == "aten::scaled_dot_product_attention" and kernel.kernel.startswith("attention")
+    assert masked.name == "aten::scaled_dot_product_attention (mask)" and masked.kernel == "elementwise select"
+    assert masked.latency_ns > 0 and masked.bytes > 0
+
+
+def test_sdpa_with_dropout_runs_the_fallback_and_says_so(gen):
+    q, k, v = (torch.randn(1, 2, 6, 16, generator=gen) for _ in range(3))
+    with kbtorch.profile() as prof:
+        F.scaled_dot_product_attention(q.to("ahbm"), k.to("ahbm"), v.to("ahbm"), dropout_p=0.5)
     assert {r.name for r in prof.records} == {"sdpa fallback: q @ k^T", "sdpa fallback: softmax", "sdpa fallback: p @ v"}
     assert all("explicitly slow" in r.detail for r in prof.records)
 

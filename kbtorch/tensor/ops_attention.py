@@ -3,10 +3,13 @@
 
 Numerics: torch's SDPA on the host values. Timing: the kernel, timing-only, on all PEs for
 the call's (B, Hq, Hkv, Lq, Lk, D, causal, dtype), cached per shape. Inputs of three
-dimensions are taken as a batch of one. A call the kernel does not cover (an explicit
-``attn_mask``, dropout, a head dimension or dtype it rejects) runs the correct but explicitly
-slow unfused fallback: ``Q K^T`` GEMMs per head, a softmax pass, ``P V`` GEMMs, each recorded
-as ``sdpa fallback: ...``.
+dimensions are taken as a batch of one. With an ``attn_mask`` (padding, a StaticCache's
+unfilled slots) the kernel runs over all Lk keys and the mask costs one more pass: a
+``select`` vector pass over the mask's own elements, recorded as ``aten::scaled_dot_product_attention
+(mask)`` (NOTE: the kernel does not stream masks; a kernel that did would read the same
+bytes inside the attention pass). A call the kernel does not cover (dropout, a head
+dimension or dtype it rejects) runs the correct but explicitly slow unfused fallback:
+``Q K^T`` GEMMs per head, a softmax pass, ``P V`` GEMMs, each recorded as ``sdpa fallback: ...``.
 
 NOTE: the result is placed by default for its shape; the kernel's deploy (each PE holds the
 Q rows and K/V of its work items) is taken as given, like the GEMM's (see docs/model.md).
@@ -21,7 +24,7 @@ import torch.nn.functional as F
 
 from ..ops.attention import attention
 from .dispatch import Out, host_call, register, same_device, value_of
-from .kernels import dtype_of, timed, vector
+from .kernels import dtype_of, mesh_pes, timed, vector
 from .ops_matmul import timed_mm
 from .placement import Shard
 
@@ -41,7 +44,8 @@ def sdpa(func, args, kwargs, machine):
     same_device("scaled_dot_product_attention", [q, k, v] + [m for m in (call.get("attn_mask"),) if m is not None])
     out = host_call(F.scaled_dot_product_attention, args, kwargs)
     dtype, eb = dtype_of("scaled_dot_product_attention", value_of(q))
-    if call.get("attn_mask") is not None or call.get("dropout_p", 0.0) or q.dim() not in (3, 4):
+    mask = call.get("attn_mask")
+    if call.get("dropout_p", 0.0) or q.dim() not in (3, 4):
         return Out(out, runs=_fallback(machine, q, k, v, dtype, eb))
     lead = (1,) if q.dim() == 3 else tuple(q.shape[:1])
     shape = (*lead, q.shape[-3], k.shape[-3], q.shape[-2], k.shape[-2], q.shape[-1])
@@ -49,8 +53,19 @@ def sdpa(func, args, kwargs, machine):
         run = _fused(machine, shape, bool(call.get("is_causal", False)), call.get("scale"), dtype)
     except ValueError:
         return Out(out, runs=_fallback(machine, q, k, v, dtype, eb))
-    return Out(out, runs=(timed("aten::scaled_dot_product_attention", (q, k, v), f"attention {run.kind}",
-                                run.result, run.flops, run.plan),))
+    runs = (timed("aten::scaled_dot_product_attention", (q, k, v), f"attention {run.kind}", run.result, run.flops,
+                  run.plan),)
+    return Out(out, runs=runs + (_mask_pass(machine, q, mask),) if mask is not None else runs)
+
+
+def _mask_pass(machine, q, mask):
+    """The mask's pass: a ``select`` over its elements, split over the PEs of ``q``'s mesh."""
+    dtype, eb = dtype_of("scaled_dot_product_attention", value_of(mask))
+    n = mask.numel()
+    run = vector(machine, "select", n, placed=Shard(0), pes=mesh_pes(q), shape=(n,), inputs=1, dtype=dtype,
+                 elem_bytes=eb)
+    return timed("aten::scaled_dot_product_attention (mask)", (mask,), "elementwise select", run,
+                 machine.math_flops("select") * n)
 
 
 def _fallback(machine, q, k, v, dtype: str, eb: int) -> tuple:
