@@ -89,3 +89,20 @@ def test_a_sharded_tensor_cast_stays_sharded():
     with kbtorch.profile() as prof:
         y = distribute_tensor(x, MESH, [Shard(1)]).float()
     assert y.placements == (Shard(1),) and _names(prof) == ["aten::_to_copy"]
+
+
+def test_a_sum_or_mean_over_the_sharded_dimension_is_partial_and_reduced_when_used():
+    """An RMSNorm of a hidden-sharded activation: each PE sums its part, and only the row
+    means are all-reduced (not the activation gathered)."""
+    x = torch.randn(64, 512)
+    xs = distribute_tensor(x, MESH, [Shard(1)])
+    with kbtorch.profile() as prof:
+        var = xs.pow(2).mean(-1, keepdim=True)
+        y = xs * torch.rsqrt(var + 1e-6)
+    assert var.placements == (Partial(),) and y.placements == (Shard(1),)
+    assert _names(prof) == ["aten::pow", "aten::mean", "redistribute Partial()->Replicate()", "aten::add",
+                            "aten::rsqrt", "aten::mul"]
+    assert torch.allclose(y.cpu(), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), atol=1e-5)
+    with kbtorch.profile() as prof:
+        top = xs.amax(-1)
+    assert top.placements == (Replicate(),) and _names(prof)[0] == "redistribute Shard(1)->Replicate()"
