@@ -56,7 +56,7 @@ def add_parser(bench, parents, family) -> None:
         p.add_argument("--dtype", choices=tuple(DTYPES), default="f16", help="element type (default f16)")
         p.add_argument("--packet-bytes", type=_byte_count, help="packet size (default: from the block size)")
         p.add_argument("--mode", choices=COLLECTIVE_MODES, default="auto",
-                       help="simulation mode (default auto: coarse for very large runs, else fast)")
+                       help="simulation mode (default auto: coarse for very large runs or kernels, else fast)")
         p.add_argument("--check", action="store_true", help="also run on random data and compare with torch")
         p.set_defaults(func=_cmd_collective, collective=kind)
 

@@ -7,6 +7,7 @@ import zlib
 import pytest
 import torch
 
+import kbtorch.ops.collective as collective_module
 from kbtorch.ops.collective import BUS_FACTOR, collective, concurrent, torch_reference
 from kbtorch.ops.collective_group import make_grid, resolve_group
 from kbtorch.ops.collective_plan import ALGOS, KINDS, CollectiveError, schedule
@@ -288,6 +289,16 @@ def test_packet_bytes_within_the_tcm_is_accepted(ahbm):
     check_run(run, "all_reduce", 8)
 
 
+def test_auto_mode_runs_coarse_above_the_kernels_command_count(ahbm, monkeypatch):
+    """``mode="auto"``: coarse above ``COARSE_COMMANDS`` commands (here lowered to 0, so any
+    kernel is above it); an explicit mode is kept."""
+    kw = dict(group="cube", nbytes=4 << 10, algo="ring", machine=ahbm)
+    assert collective("all_reduce", **kw).mode == "fast"
+    monkeypatch.setattr(collective_module, "COARSE_COMMANDS", 0)
+    assert collective("all_reduce", **kw).mode == "coarse"
+    assert collective("all_reduce", mode="fast", **kw).mode == "fast"
+
+
 # ---- the whole machine --------------------------------------------------------------------
 
 def test_tree_all_reduce_over_the_whole_machine(ahbm):
@@ -304,5 +315,5 @@ def test_hierarchical_all_reduce_beats_recursive_doubling_on_the_whole_machine(a
     hier = collective("all_reduce", group="all", nbytes=7 << 10, algo="hier", machine=ahbm)
     tree = collective("all_reduce", group="all", nbytes=7 << 10, algo="tree", machine=ahbm)
     check_run(hier, "all_reduce", 256)
-    assert hier.latency_ns < 0.5 * tree.latency_ns
+    assert hier.mode == "fast" and hier.latency_ns < 0.5 * tree.latency_ns
     assert collective("all_reduce", group="all", nbytes=7 << 10, machine=ahbm).algo == "hier"

@@ -66,3 +66,43 @@ def test_column_parallel_needs_a_replicated_input():
     assert _names(prof) == ["redistribute Shard(0)->Replicate()", "aten::mm"]
     assert "column-parallel" in prof.records[1].detail
     assert torch.allclose(y.cpu(), x @ w.t(), atol=1e-3)
+
+
+def test_a_partial_is_reduced_before_a_widening_cast_and_kept_by_a_narrowing_one():
+    small, large = torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(64, 512, dtype=torch.bfloat16)
+    with kbtorch.profile() as prof:
+        a = distribute_tensor(small, MESH, [Partial()]).float()
+        b = distribute_tensor(large, MESH, [Partial()]).to(torch.float32)
+    assert a.placements == (Replicate(),) and b.placements == (Shard(0),)
+    assert _names(prof) == ["redistribute Partial()->Replicate()", "aten::_to_copy",
+                            "redistribute Partial()->Shard(0)", "aten::_to_copy"]
+    # NOTE: the reductions run on the bf16 input (2 bytes an element), not the fp32 result.
+    assert prof.records[2].bytes == large.numel() * 2
+    assert torch.equal(a.cpu(), small.float()) and torch.equal(b.cpu(), large.float())
+    with kbtorch.profile() as prof:
+        c = distribute_tensor(large.float(), MESH, [Partial()]).to(torch.bfloat16)
+    assert c.placements == (Partial(),) and _names(prof) == ["aten::_to_copy"]
+
+
+def test_a_sharded_tensor_cast_stays_sharded():
+    x = torch.randn(64, 512, dtype=torch.bfloat16)
+    with kbtorch.profile() as prof:
+        y = distribute_tensor(x, MESH, [Shard(1)]).float()
+    assert y.placements == (Shard(1),) and _names(prof) == ["aten::_to_copy"]
+
+
+def test_a_sum_or_mean_over_the_sharded_dimension_is_partial_and_reduced_when_used():
+    """An RMSNorm of a hidden-sharded activation: each PE sums its part, and only the row
+    means are all-reduced (not the activation gathered)."""
+    x = torch.randn(64, 512)
+    xs = distribute_tensor(x, MESH, [Shard(1)])
+    with kbtorch.profile() as prof:
+        var = xs.pow(2).mean(-1, keepdim=True)
+        y = xs * torch.rsqrt(var + 1e-6)
+    assert var.placements == (Partial(),) and y.placements == (Shard(1),)
+    assert _names(prof) == ["aten::pow", "aten::mean", "redistribute Partial()->Replicate()", "aten::add",
+                            "aten::rsqrt", "aten::mul"]
+    assert torch.allclose(y.cpu(), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), atol=1e-5)
+    with kbtorch.profile() as prof:
+        top = xs.amax(-1)
+    assert top.placements == (Replicate(),) and _names(prof)[0] == "redistribute Shard(1)->Replicate()"

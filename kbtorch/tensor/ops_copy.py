@@ -5,7 +5,8 @@
 Numerics: the torch op on the host values. Timing: a copy pass of each PE's part of the
 output through its DMA engines (HBM -> TCM -> HBM, no MATH work): concatenation and row
 gathers move every output element once. A vocabulary-sharded embedding gives a Partial
-result (each PE looks up the rows it holds). A copy from the host (``copy_`` of a CPU
+result (each PE looks up the rows it holds); a Partial tensor cast to a wider dtype is
+reduced first, at its own dtype (``to_copy``). A copy from the host (``copy_`` of a CPU
 tensor, ``.to("ahbm")``) is the untimed deployment.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .dispatch import Out, is_ahbm, register, same_device, value_of
 from .kernels import dtype_of, mesh_pes, on, timed, vector
 from .ops_meta import off_device
 from .placement import Partial, Shard
-from .sharding import elementwise_inputs, placement
+from .sharding import elementwise_inputs, placement, settle_partial
 
 aten = torch.ops.aten
 
@@ -67,8 +68,16 @@ def copy_into(func, args, kwargs, machine):
 
 @register(aten._to_copy)
 def to_copy(func, args, kwargs, machine):
-    """``.to(dtype)`` on the device: a timed cast pass; a copy to another device returns a
-    plain tensor there (``ops_meta.off_device``)."""
+    """``.to(dtype)`` on the device: a timed cast pass that keeps the input's placement, but
+    a ``Partial`` input cast to a wider dtype is reduced first (``settle_partial``) and the
+    result takes the settled placement. A copy to another device returns a plain tensor there
+    (``ops_meta.off_device``).
+
+    NOTE: a tensor-parallel kernel reduces partial sums at the dtype they were made in: kept
+    Partial, the cast (e.g. HF's RMSNorm ``.to(float32)`` of a vocabulary-sharded
+    embedding) would make the later reduction move twice the bytes. The value is the global
+    one either way. A sharded input stays sharded: the cast is elementwise, and whether a
+    gather follows (and would be cheaper at the narrow dtype) is the next op's business."""
     moved = off_device(func, args, kwargs)
     if moved is not None:
         return moved
@@ -76,4 +85,6 @@ def to_copy(func, args, kwargs, machine):
     if kwargs.get("device") is not None:
         kwargs = dict(kwargs, device=value_of(x).device)
     out = func(value_of(x), *args[1:], **kwargs)
+    if isinstance(placement(x), Partial) and out.element_size() > value_of(x).element_size():
+        x = settle_partial(x, tuple(out.shape))
     return Out(out, x._spec, runs=(timed_copy(machine, "_to_copy", (x,), out, placement(x)),))

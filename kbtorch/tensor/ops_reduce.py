@@ -7,7 +7,8 @@ cumsum/..., ``var``, ``logsumexp``, ``sort`` for topk/sort, ``softmax``, ``log_s
 ``rms_norm``, ``layer_norm``); the output size sets the bytes written (``out_ratio``).
 Numerics: the torch op on the host values, every keyword argument as torch has it
 (``out=`` refused). Placement: an input sharded on a reduced dimension is all-gathered
-first; the result keeps the shard (``sharding.rowwise_input``/``rowwise_output``).
+first, but a sum or mean of it is Partial (``sharding.sums_locally``); the result keeps
+the shard (``sharding.rowwise_input``/``rowwise_output``).
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from torch.utils._pytree import tree_flatten
 
 from .dispatch import Out, host_call, refuse, register, same_device
 from .kernels import dtype_of, mesh_pes, on, timed, vector
-from .sharding import placement, rowwise_input, rowwise_output
+from .placement import Partial
+from .sharding import placement, rowwise_input, rowwise_output, sums_locally
 
 aten = torch.ops.aten
 
@@ -38,6 +40,8 @@ CLASSES = {
     **_classes("layer_norm", "layer_norm native_layer_norm"),
 }
 IN_PLACE = ("cumsum_", "cumprod_")
+#: Linear reductions: over a sharded dimension, each PE reduces its part into a Partial result.
+LINEAR = ("sum", "mean")
 #: ops returning (values, indices) of chosen elements.
 SELECTIONS = ("topk", "sort")
 
@@ -53,8 +57,11 @@ def vector_pass(func, args, kwargs, machine):
         out = (out[0], spread(out[1], reduced_dims(func, args, kwargs, x.dim())[0], x.shape))
     results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     dims = reduced_dims(func, args, kwargs, x.dim())
-    src = rowwise_input(x, dims)
-    where = on(src, rowwise_output(src, dims, results[0].dim()))
+    if name in LINEAR and sums_locally(x, dims):
+        src, where = x, on(x, Partial())
+    else:
+        src = rowwise_input(x, dims)
+        where = on(src, rowwise_output(src, dims, results[0].dim()))
     n = x.numel()
     if name.endswith("_"):
         out, where = args[0], None
