@@ -1,4 +1,5 @@
 """Sharding propagation on the ahbm device: result placements, the collectives they need, values."""
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -106,3 +107,17 @@ def test_a_sum_or_mean_over_the_sharded_dimension_is_partial_and_reduced_when_us
     with kbtorch.profile() as prof:
         top = xs.amax(-1)
     assert top.placements == (Replicate(),) and _names(prof)[0] == "redistribute Shard(1)->Replicate()"
+
+
+@pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
+def test_a_norm_over_the_sharded_dimension_all_reduces_row_statistics_and_stays_sharded(norm):
+    x, w = torch.randn(64, 512), torch.randn(512)
+    f = getattr(torch.nn.functional, norm)
+    with kbtorch.profile() as prof:
+        y = f(distribute_tensor(x, MESH, [Shard(1)]), (512,), distribute_tensor(w, MESH, [Replicate()]))
+    assert y.placements == (Shard(1),)
+    assert _names(prof) == ["redistribute Partial()->Replicate()", f"aten::{norm}"]
+    # NOTE: the statistics (fp32 per row: 1 for rms_norm, 2 for layer_norm) move, not the activation.
+    stats = {"rms_norm": 1, "layer_norm": 2}[norm]
+    assert prof.records[0].bytes < 64 * stats * 4 * 2 * len(MESH.pes)
+    torch.testing.assert_close(y.cpu(), f(x, (512,), w))

@@ -7,17 +7,21 @@ cumsum/..., ``var``, ``logsumexp``, ``sort`` for topk/sort, ``softmax``, ``log_s
 ``rms_norm``, ``layer_norm``); the output size sets the bytes written (``out_ratio``).
 Numerics: the torch op on the host values, every keyword argument as torch has it
 (``out=`` refused). Placement: an input sharded on a reduced dimension is all-gathered
-first, but a sum or mean of it is Partial (``sharding.sums_locally``); the result keeps
-the shard (``sharding.rowwise_input``/``rowwise_output``).
+first, but a sum or mean of it is Partial (``sharding.sums_locally``), and a norm of it
+(``rms_norm``, ``layer_norm``) normalises each PE's part after an all-reduce of its rows'
+statistics (``sharded_norm``); the result keeps the shard (``sharding.rowwise_input``/
+``rowwise_output``).
 """
 from __future__ import annotations
+
+from math import prod
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from .dispatch import Out, host_call, refuse, register, same_device
 from .kernels import dtype_of, mesh_pes, on, timed, vector
-from .placement import Partial
+from .placement import Partial, Replicate, Spec
 from .sharding import placement, rowwise_input, rowwise_output, sums_locally
 
 aten = torch.ops.aten
@@ -42,6 +46,9 @@ CLASSES = {
 IN_PLACE = ("cumsum_", "cumprod_")
 #: Linear reductions: over a sharded dimension, each PE reduces its part into a Partial result.
 LINEAR = ("sum", "mean")
+#: Norms over a sharded dimension -> fp32 statistics per row they all-reduce (sum of squares;
+#: sum and sum of squares).
+NORM_STATS = {"rms_norm": 1, "layer_norm": 2}
 #: ops returning (values, indices) of chosen elements.
 SELECTIONS = ("topk", "sort")
 
@@ -59,6 +66,8 @@ def vector_pass(func, args, kwargs, machine):
     dims = reduced_dims(func, args, kwargs, x.dim())
     if name in LINEAR and sums_locally(x, dims):
         src, where = x, on(x, Partial())
+    elif name in NORM_STATS and sums_locally(x, dims):
+        src, where = sharded_norm(x, dims, NORM_STATS[name]), on(x, placement(x))
     else:
         src = rowwise_input(x, dims)
         where = on(src, rowwise_output(src, dims, results[0].dim()))
@@ -72,6 +81,19 @@ def vector_pass(func, args, kwargs, machine):
     run = vector(machine, cls, n, placed=placement(src), pes=mesh_pes(src), shape=tuple(src.shape), inputs=1,
                  dtype=dtype, elem_bytes=eb, out_ratio=sum(t.numel() for t in results) / n)
     return Out(out, where, runs=(timed(f"aten::{name}", args, f"vector {name}", run, machine.math_flops(cls) * n),))
+
+
+def sharded_norm(x, dims: tuple, stats: int):
+    """``x``, sharded on a normalised dimension, after the all-reduce of ``stats`` fp32
+    values per row (timed as ``x``'s Partial statistics made replicated); returns ``x``.
+
+    NOTE: as a tensor-parallel norm does: each PE sums its part of every row, the partial
+    sums are all-reduced (a few bytes per row), and each PE normalises its part, so the
+    output stays sharded and the activation is never gathered."""
+    rows = x.numel() // prod(x.shape[d] for d in {e % x.dim() for e in dims})
+    partial = torch.empty(rows * stats, dtype=torch.float32, device="meta")
+    type(x)(partial, Spec(x._spec.mesh, (Partial(),)), owns=False).redistribute([Replicate()])
+    return x
 
 
 def reduced_dims(func, args, kwargs, rank: int) -> tuple:

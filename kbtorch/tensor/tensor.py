@@ -41,6 +41,7 @@ def is_timing_only() -> bool:
 WHOLE = {
     torch.nn.functional.scaled_dot_product_attention: torch.ops.aten.scaled_dot_product_attention.default,
     torch.nn.functional.rms_norm: torch.ops.aten.rms_norm.default,
+    torch.nn.functional.layer_norm: torch.ops.aten.layer_norm.default,
 }
 
 
@@ -88,10 +89,10 @@ class AhbmTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        """The fused functions of ``WHOLE`` (SDPA, ``rms_norm``) are forwarded whole to
+        """The fused functions of ``WHOLE`` (SDPA, the norms) are forwarded whole to
         ``dispatch`` as their aten op; everything else goes on to ``__torch_dispatch__``.
 
-        NOTE: outside inference mode torch decomposes a composite op such as ``rms_norm``
+        NOTE: outside inference mode torch decomposes a composite op such as ``layer_norm``
         before dispatch; forwarded here, it is one fused kernel in every grad mode."""
         whole = WHOLE.get(func)
         if whole is not None:
