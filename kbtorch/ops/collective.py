@@ -36,9 +36,11 @@ BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda 
 COARSE_BYTES = 4 * 2**30
 #: Above this many commands in the built kernel (all members' programs), ``mode="auto"``
 #: runs coarse.
-# NOTE: the fast mode's wall time follows the kernel's commands more than its bytes: a
-# 2d all-gather of 65 280 commands over 256 PEs takes 13 to 32 s, a 2d reduce-scatter of
-# 185 344 commands 56 to 82 s (coarse: within 3% of their latencies, 1.5x to 3x faster),
+# NOTE: the fast mode's wall time grows with the kernel's commands as well as its bytes:
+# in torch's rank order (``order="rank"``, one packet per strided block) a 2d all-gather
+# of 65 280 commands over 256 PEs takes 13 to 32 s, a 2d reduce-scatter of 185 344
+# commands 56 to 82 s (coarse: within 3% of their latencies, 1.5x to 3x faster; the same
+# reduce-scatter in grid order has 10 312 commands and takes 14 s fast),
 # a hierarchical all-reduce of 7 KiB (3 072 commands) 2 s. 50 000 commands is where a
 # fast run reaches tens of seconds; small all-reduces stay well below it (and fast: coarse
 # is up to 7% off on them), as does a 1 KiB ring over one SIP (47 616).
