@@ -289,6 +289,21 @@ def test_packet_bytes_within_the_tcm_is_accepted(ahbm):
     check_run(run, "all_reduce", 8)
 
 
+def test_grid_order_reduce_scatter_keeps_the_chunk_of_each_members_rank(ahbm):
+    """``order="grid"``: member i ends with the chunk of its rank in the grid's coordinate
+    order; a 2d reduce-scatter then moves consecutive blocks, fewer packets than rank order."""
+    grid = make_grid(ahbm, resolve_group(ahbm, "0-3,8-11"))
+    rank = sorted(range(8), key=lambda m: grid.coords[m])
+    shards = [torch.randn(64, generator=torch.Generator().manual_seed(m)) for m in range(8)]
+    run = collective("reduce_scatter", shards, group="0-3,8-11", algo="2d", order="grid", machine=ahbm)
+    check_run(run, "reduce_scatter", 8)
+    want = torch_reference("reduce_scatter", shards)
+    for i, m in enumerate(rank):
+        torch.testing.assert_close(run.outputs[m], want[i])
+    with pytest.raises(CollectiveError, match="unknown block order"):
+        collective("reduce_scatter", shards, group="0-3,8-11", order="mesh", machine=ahbm)
+
+
 def test_auto_mode_runs_coarse_above_the_kernels_command_count(ahbm, monkeypatch):
     """``mode="auto"``: coarse above ``COARSE_COMMANDS`` commands (here lowered to 0, so any
     kernel is above it); an explicit mode is kept."""

@@ -113,6 +113,25 @@ def test_verify_rejects_broken_schedules(ahbm):
         verify(_tampered(ag, [(bogus,)] + list(ag.steps)))
 
 
+@pytest.mark.parametrize("topo,group", [("ahbm", "all"), ("ahbm", "sip"), ("ahbm", "0-3,8-11"), ("torus6", "all")])
+@pytest.mark.parametrize("kind", ["reduce_scatter", "all_gather"])
+def test_2d_in_grid_order_moves_consecutive_blocks(machines, topo, group, kind):
+    """``order="grid"``: member i's block is its rank in coordinate order, so a 2d
+    reduce-scatter or all-gather moves consecutive blocks (in rank order they are strided)."""
+    grid = grid_of(machines[topo], group)
+    sched = schedule(kind, "2d", grid, order="grid")
+    verify(sched)
+    rank = sorted(range(sched.n), key=lambda m: grid.coords[m])
+    mine = sched.keeps if kind == "reduce_scatter" else sched.holds
+    assert [b for m in rank for b in mine[m]] == list(range(sched.blocks))
+    for step in sched.steps:
+        for x in step:
+            assert x.blocks == tuple(range(x.blocks[0], x.blocks[0] + len(x.blocks)))
+    if group == "all" and topo == "ahbm":
+        strided = schedule(kind, "2d", grid).steps[0 if kind == "reduce_scatter" else -1][0].blocks
+        assert strided[1] - strided[0] > 1
+
+
 def test_schedule_rejects_bad_arguments(ahbm):
     grid = grid_of(ahbm, "cube")
     with pytest.raises(CollectiveError, match=r"unknown collective 'gather'.*all_reduce"):
@@ -122,6 +141,8 @@ def test_schedule_rejects_bad_arguments(ahbm):
     for root in (-1, 8):
         with pytest.raises(CollectiveError, match=rf"root {root} is not a member rank \(0..7\)"):
             schedule("broadcast", "ring", grid, root)
+    with pytest.raises(CollectiveError, match=r"unknown block order 'torch'.*rank, grid"):
+        schedule("reduce_scatter", "ring", grid, order="torch")
 
 
 # ---- reference vs torch -------------------------------------------------------------------
@@ -169,6 +190,22 @@ def test_reference_reduce_scatter_chunk_and_all_gather_order(ahbm):
         own = [torch.full((2,), float(m)) for m in range(8)]
         ag = reference(schedule("all_gather", algo, grid), own)
         assert all(torch.equal(o, torch.arange(8.0).repeat_interleave(2)) for o in ag), algo
+
+
+def test_reference_in_grid_order_gives_each_member_the_chunk_of_its_rank(ahbm):
+    grid = grid_of(ahbm, "0-3,8-11")
+    rank = sorted(range(8), key=lambda m: grid.coords[m])
+    assert rank != list(range(8))
+    x = [torch.arange(16, dtype=torch.float32) * (m + 1) for m in range(8)]
+    total = torch.arange(16, dtype=torch.float32) * 36
+    for algo in ALGOS:
+        rs = reference(schedule("reduce_scatter", algo, grid, order="grid"), x)
+        for i, m in enumerate(rank):
+            assert torch.equal(rs[m], total[2 * i:2 * i + 2]), (algo, m)
+        own = [torch.full((2,), float(m)) for m in range(8)]
+        ag = reference(schedule("all_gather", algo, grid, order="grid"), own)
+        want = torch.tensor(rank, dtype=torch.float32).repeat_interleave(2)
+        assert all(torch.equal(o, want) for o in ag), algo
 
 
 def test_reference_rejects_bad_input(ahbm):

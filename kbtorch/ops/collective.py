@@ -28,7 +28,7 @@ from . import collective_model as model
 from .collective_group import make_grid, resolve_group
 from .collective_kernel import CollectiveKernel
 from .collective_layout import PAGE, largest_xfer_blocks, packet_size
-from .collective_plan import ALGOS, KINDS, OPS, CollectiveError, reference, schedule
+from .collective_plan import ALGOS, KINDS, OPS, ORDERS, CollectiveError, reference, schedule
 
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
               "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
@@ -36,9 +36,11 @@ BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda 
 COARSE_BYTES = 4 * 2**30
 #: Above this many commands in the built kernel (all members' programs), ``mode="auto"``
 #: runs coarse.
-# NOTE: the fast mode's wall time follows the kernel's commands more than its bytes: a
-# 2d all-gather of 65 280 commands over 256 PEs takes 13 to 32 s, a 2d reduce-scatter of
-# 185 344 commands 56 to 82 s (coarse: within 3% of their latencies, 1.5x to 3x faster),
+# NOTE: the fast mode's wall time grows with the kernel's commands as well as its bytes:
+# in torch's rank order (``order="rank"``, one packet per strided block) a 2d all-gather
+# of 65 280 commands over 256 PEs takes 13 to 32 s, a 2d reduce-scatter of 185 344
+# commands 56 to 82 s (coarse: within 3% of their latencies, 1.5x to 3x faster; the same
+# reduce-scatter in grid order has 10 312 commands and takes 14 s fast),
 # a hierarchical all-reduce of 7 KiB (3 072 commands) 2 s. 50 000 commands is where a
 # fast run reaches tens of seconds; small all-reduces stay well below it (and fast: coarse
 # is up to 7% off on them), as does a 1 KiB ring over one SIP (47 616).
@@ -144,7 +146,8 @@ def _pad(shards: list, nbytes: int, op: str) -> list:
     return out
 
 
-def estimates(kind: str, machine, grid, nbytes: int, eb: int, root: int = 0, packet_bytes: int | None = None) -> dict:
+def estimates(kind: str, machine, grid, nbytes: int, eb: int, root: int = 0, packet_bytes: int | None = None,
+              order: str = "rank") -> dict:
     """Predicted time (ps) of every algorithm that applies: ``{algo: ps}``.
 
     NOTE: ``direct`` is left out above ``DIRECT_MAX`` members: its n x n messages cost every
@@ -157,7 +160,7 @@ def estimates(kind: str, machine, grid, nbytes: int, eb: int, root: int = 0, pac
         if algo == "direct" and big:
             continue
         try:
-            sched = schedule(kind, algo, grid, root)
+            sched = schedule(kind, algo, grid, root, order)
         except CollectiveError:
             continue
         padded = padded_bytes(sched, nbytes, eb)
@@ -175,9 +178,9 @@ def estimates(kind: str, machine, grid, nbytes: int, eb: int, root: int = 0, pac
     return {a: out[a] for a in ALGOS if a in out}
 
 
-def _build(kind, algo, machine, grid, nbytes, eb, dtype, op, root, packet_bytes):
+def _build(kind, algo, machine, grid, nbytes, eb, dtype, op, root, packet_bytes, order):
     """(schedule, kernel, programs, busy ps per resource, startup ps) of one algorithm."""
-    sched = schedule(kind, algo, grid, root)
+    sched = schedule(kind, algo, grid, root, order)
     padded = padded_bytes(sched, nbytes, eb)
     if padded is None:
         raise CollectiveError(f"{algo} {kind}: {nbytes} bytes per member ({nbytes // eb} elements of {eb} bytes) "
@@ -202,14 +205,16 @@ def _mode(mode: str, nbytes: int, pes, programs: dict) -> str:
 
 def collective(kind: str, shards=None, *, group="all", algo: str = "auto", op: str = "sum", root: int = 0,
                nbytes: int | None = None, dtype: str = "f16", machine=None, packet_bytes: int | None = None,
-               mode: str = "auto") -> CollectiveRun:
+               mode: str = "auto", order: str = "rank") -> CollectiveRun:
     """Run collective ``kind`` on the simulator (and on ``shards`` with torch, if given), on
-    ``machine`` (default: the current one, ``kbtorch.use``)."""
+    ``machine`` (default: the current one, ``kbtorch.use``). ``order``: which blocks are a
+    reduce-scatter's or all-gather's member's (``collective_plan.schedule``)."""
     with paused_gc():
-        return _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode)
+        return _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode, order)
 
 
-def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode) -> CollectiveRun:
+def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode,
+                order) -> CollectiveRun:
     if kind not in KINDS:
         raise CollectiveError(f"unknown collective '{kind}' (known: {', '.join(KINDS)})")
     if op not in OPS:
@@ -226,18 +231,20 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, pac
         raise CollectiveError(str(exc)) from None
     if not 0 <= root < len(pes):
         raise CollectiveError(f"broadcast root {root} is not a member rank (0..{len(pes) - 1})")
+    if order not in ORDERS:
+        raise CollectiveError(f"unknown block order '{order}' (known: {', '.join(ORDERS)})")
     if mode not in ("auto", *MODES):
         raise CollectiveError(f"unknown mode '{mode}' (known: auto, {', '.join(MODES)})")
     if packet_bytes is not None and packet_bytes < machine.flit_bytes:
         raise CollectiveError(f"packet_bytes={packet_bytes}: a packet is at least one flit ({machine.flit_bytes} bytes)")
-    cands = estimates(kind, machine, grid, nbytes, eb, root, packet_bytes) if algo == "auto" else {}
+    cands = estimates(kind, machine, grid, nbytes, eb, root, packet_bytes, order) if algo == "auto" else {}
     if algo == "auto" and not cands:
         raise CollectiveError(f"{kind}: no algorithm applies to {nbytes} bytes over {len(pes)} members")
     ranked = sorted(cands, key=lambda a: (cands[a], ALGOS.index(a))) if cands else [algo]
     built = []
     for i, name in enumerate(ranked):
         sched, kernel, programs, busy, startup = _build(kind, name, machine, grid, nbytes, eb, dtype, op, root,
-                                                        packet_bytes)
+                                                        packet_bytes, order)
         built.append((max(startup, max(busy.values())), i, name, sched, kernel, programs, busy, startup))
         # NOTE: the estimate can miss what the built kernel shows (its busiest resource, e.g.
         # command issue): take the next candidate while this one's bound exceeds its estimate.

@@ -32,6 +32,7 @@ import torch
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 ALGOS = ("ring", "bidir-ring", "2d", "direct", "tree", "hier")
+ORDERS = ("rank", "grid")
 OPS = {"sum": torch.add, "max": torch.maximum}
 
 
@@ -271,8 +272,15 @@ BUILDERS = {"ring": ring, "bidir-ring": bidir_ring, "2d": multi_dim, "direct": d
             "hier": hierarchical}
 
 
-def schedule(kind: str, algo: str, grid, root: int = 0) -> Schedule:
-    """The schedule of collective ``kind`` by ``algo`` over the members of ``grid``."""
+def schedule(kind: str, algo: str, grid, root: int = 0, order: str = "rank") -> Schedule:
+    """The schedule of collective ``kind`` by ``algo`` over the members of ``grid``.
+
+    ``order`` of a reduce-scatter's or all-gather's member blocks: ``rank`` (member ``i``'s
+    are blocks ``i``, torch's order) or ``grid`` (member ``i``'s are those of its rank in
+    the grid's coordinate order, as the all-reduce's block ids: in ``2d`` the blocks a
+    member handles at each step are then consecutive and move as one packet)."""
+    if order not in ORDERS:
+        raise CollectiveError(f"unknown block order '{order}' (known: {', '.join(ORDERS)})")
     if kind not in KINDS:
         raise CollectiveError(f"unknown collective '{kind}' (known: {', '.join(KINDS)})")
     if algo not in BUILDERS:
@@ -285,7 +293,12 @@ def schedule(kind: str, algo: str, grid, root: int = 0) -> Schedule:
     blocks, steps = BUILDERS[algo](kind, grid, root)
     per = blocks // n
     everything = tuple(range(blocks))
-    own = tuple(tuple(range(m * per, (m + 1) * per)) for m in range(n))
+    rank = list(range(n))
+    if order == "grid" and kind in ("reduce_scatter", "all_gather"):
+        by_coords = sorted(range(n), key=lambda m: grid.coords[m])
+        steps = _relabel(steps, [m * per + j for m in by_coords for j in range(per)])
+        rank = [by_coords.index(m) for m in range(n)]
+    own = tuple(tuple(range(rank[m] * per, (rank[m] + 1) * per)) for m in range(n))
     holds = {"all_reduce": (everything,) * n, "reduce_scatter": (everything,) * n, "all_gather": own,
              "broadcast": tuple(everything if m == root else () for m in range(n))}[kind]
     keeps = own if kind == "reduce_scatter" else (everything,) * n

@@ -56,9 +56,17 @@ def _kind(old, new) -> str | None:
 @lru_cache(maxsize=512)
 def _timed(machine, kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple[float, str]:
     """(latency ns, algorithm) of the collective on every line at once: one line takes the
-    algorithm with the least estimate (``algo="auto"``), several run rings side by side."""
+    algorithm with the least estimate (``algo="auto"``) with its members' blocks in the
+    grid's coordinate order (``order="grid"``), several run rings side by side.
+
+    NOTE: which PE of a line holds which shard is the deployment's choice: every shard is
+    the same size and every PE does the same work on its own, so only the collectives see
+    the order. Torch's rank order would make a 2d reduce-scatter or all-gather over 256 PEs
+    move each block as its own packet (the blocks a member handles are strided); the grid
+    order makes them consecutive, as a kernel laid out for the machine would."""
     if len(lines) == 1:
-        run = collective(kind, group=list(lines[0]), nbytes=nbytes, dtype=dtype, algo="auto", machine=machine)
+        run = collective(kind, group=list(lines[0]), nbytes=nbytes, dtype=dtype, algo="auto", machine=machine,
+                         order="grid")
         return run.latency_ns, run.algo
     specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo="ring") for g in lines]
     return max(concurrent(specs, machine=machine)), "ring"
