@@ -105,8 +105,9 @@ def test_a_sum_or_mean_over_the_sharded_dimension_is_partial_and_reduced_when_us
                             "aten::rsqrt", "aten::mul"]
     assert torch.allclose(y.cpu(), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), atol=1e-5)
     with kbtorch.profile() as prof:
-        top = xs.amax(-1)
+        top = xs.softmax(-1)
     assert top.placements == (Replicate(),) and _names(prof)[0] == "redistribute Shard(1)->Replicate()"
+    assert prof.records[0].bytes >= x.numel() * 4
 
 
 @pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
@@ -121,3 +122,16 @@ def test_a_norm_over_the_sharded_dimension_all_reduces_row_statistics_and_stays_
     stats = {"rms_norm": 1, "layer_norm": 2}[norm]
     assert prof.records[0].bytes < 64 * stats * 4 * 2 * len(MESH.pes)
     torch.testing.assert_close(y.cpu(), f(x, (512,), w))
+
+
+@pytest.mark.parametrize("op", ["amax", "argmax", "max"])
+def test_a_pick_over_the_sharded_dimension_gathers_each_pes_winners_only(op):
+    x = torch.randn(4, 4096)
+    with kbtorch.profile() as prof:
+        got = getattr(distribute_tensor(x, MESH, [Shard(1)]), op)(-1)
+    want = getattr(x, op)(-1)
+    for g, w in zip(got if op == "max" else (got,), want if op == "max" else (want,)):
+        assert g.placements == (Replicate(),) and torch.equal(g.cpu(), w)
+    assert _names(prof) == ["redistribute Shard(0)->Replicate()", f"aten::{op}"]
+    # NOTE: a value and an index per row and PE move, not the rows.
+    assert prof.records[0].bytes <= 4 * 2 * 4 * len(MESH.pes) * 2

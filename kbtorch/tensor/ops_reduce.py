@@ -9,8 +9,9 @@ Numerics: the torch op on the host values, every keyword argument as torch has i
 (``out=`` refused). Placement: an input sharded on a reduced dimension is all-gathered
 first, but a sum or mean of it is Partial (``sharding.sums_locally``), and a norm of it
 (``rms_norm``, ``layer_norm``) normalises each PE's part after an all-reduce of its rows'
-statistics (``sharded_norm``); the result keeps the shard (``sharding.rowwise_input``/
-``rowwise_output``).
+statistics (``sharded_norm``), and a max/min/argmax/argmin over it picks each PE's winners
+and all-gathers only those (``gathered_picks``); the result keeps the shard
+(``sharding.rowwise_input``/``rowwise_output``).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from torch.utils._pytree import tree_flatten
 
 from .dispatch import Out, host_call, refuse, register, same_device
 from .kernels import dtype_of, mesh_pes, on, timed, vector
-from .placement import Partial, Replicate, Spec
+from .placement import Partial, Replicate, Shard, Spec
 from .sharding import placement, rowwise_input, rowwise_output, sums_locally
 
 aten = torch.ops.aten
@@ -49,6 +50,8 @@ LINEAR = ("sum", "mean")
 #: Norms over a sharded dimension -> fp32 statistics per row they all-reduce (sum of squares;
 #: sum and sum of squares).
 NORM_STATS = {"rms_norm": 1, "layer_norm": 2}
+#: Selections over a sharded dimension: each PE's winners (value and index) are all-gathered.
+PICKS = ("amax", "amin", "max", "min", "argmax", "argmin")
 #: ops returning (values, indices) of chosen elements.
 SELECTIONS = ("topk", "sort")
 
@@ -68,6 +71,8 @@ def vector_pass(func, args, kwargs, machine):
         src, where = x, on(x, Partial())
     elif name in NORM_STATS and sums_locally(x, dims):
         src, where = sharded_norm(x, dims, NORM_STATS[name]), on(x, placement(x))
+    elif name in PICKS and sums_locally(x, dims):
+        src, where = gathered_picks(x, results[0].numel()), on(x, Replicate())
     else:
         src = rowwise_input(x, dims)
         where = on(src, rowwise_output(src, dims, results[0].dim()))
@@ -93,6 +98,19 @@ def sharded_norm(x, dims: tuple, stats: int):
     rows = x.numel() // prod(x.shape[d] for d in {e % x.dim() for e in dims})
     partial = torch.empty(rows * stats, dtype=torch.float32, device="meta")
     type(x)(partial, Spec(x._spec.mesh, (Partial(),)), owns=False).redistribute([Replicate()])
+    return x
+
+
+def gathered_picks(x, rows: int):
+    """``x``, sharded on a reduced dimension, after the all-gather of every PE's winner of
+    each of ``rows`` rows (a value and an index, timed as two fp32 per row and PE); returns ``x``.
+
+    NOTE: as a tensor-parallel greedy sampler does over vocabulary-sharded logits: each PE
+    reduces its part, and choosing among the P candidates of a row is negligible next to
+    gathering the whole row."""
+    n = len(x._spec.mesh.pes)
+    picks = torch.empty(n * rows * 2, dtype=torch.float32, device="meta")
+    type(x)(picks, Spec(x._spec.mesh, (Shard(0),)), owns=False).redistribute([Replicate()])
     return x
 
 
