@@ -84,14 +84,16 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
     packet once all of it has landed); a transfer also waits for the command that carries
     it to be issued (a member's first sends, before it has reduced anything, are its own
     DMA commands; a reduction is its receiver's command of that step), at one command issue
-    per active step; plus the launch."""
+    per active step, counted from the member's kernel launch (``Machine.launch_ps``); plus
+    the program's start on its control processor."""
     cache: dict = {}
     cmd = machine.issue.kind_ps("dma")
+    start_of = [machine.launch_ps(pe) for pe in pes]
     # NOTE: a reduction needs a MATH composite of at least FETCH, compute and STORE (three
     # stages; the three as simple commands would cost three issues).
     reduce_cmd = machine.issue.kind_ps("composite", stages=3)
     tail = max(0, -(-packet_bytes // machine.flit_bytes) - 1)
-    ready = [{b: 0 for b in sched.holds[m]} for m in range(sched.n)]
+    ready = [{b: start_of[m] for b in sched.holds[m]} for m in range(sched.n)]
     busy, reduced = [0] * sched.n, set()
     for step in sched.steps:
         for m in {x.src for x in step} | {x.dst for x in step if x.reduce}:
@@ -105,10 +107,10 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
                 cache[key] = _xfer_alpha(machine, *key) + tail * _xfer_beta(machine, *key)
             start = max(ready[x.src][b] for b in x.blocks)
             if x.src not in reduced:
-                start = max(start, busy[x.src] * cmd)
+                start = max(start, start_of[x.src] + busy[x.src] * cmd)
             arrive = start + cache[key]
             if x.reduce:
-                arrive = max(arrive, (busy[x.dst] - 1) * cmd + reduce_cmd)
+                arrive = max(arrive, start_of[x.dst] + (busy[x.dst] - 1) * cmd + reduce_cmd)
             for b in x.blocks:
                 new[x.dst][b] = max(new[x.dst].get(b, 0), arrive) if x.reduce else arrive
         reduced |= {x.dst for x in step if x.reduce}
@@ -116,7 +118,7 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
     chain = max(ready[m][b] for m in range(sched.n) for b in sched.keeps[m])
     g, info = machine.graph, machine.pes[pes[0]]
     launch = g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"]
-    return launch + max(chain, max(busy) * cmd)
+    return launch + max(chain, max(t + n * cmd for t, n in zip(start_of, busy)))
 
 
 def issue_ps(machine, sched, block_bytes: int, packet_bytes: int) -> int:
