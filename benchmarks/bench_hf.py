@@ -79,8 +79,8 @@ def dispatch_us() -> float:
 
 def generate_7b(cache: str, kernels: str) -> dict:
     """``examples/hf_generate.py`` on Qwen2.5-7B in a fresh process: wall, peak RSS, figures."""
-    flags = ["--model", "qwen2.5-7b", "--prompt-len", "128", "--new-tokens", "8", "--cache", cache, "--kernels", kernels,
-             "--json"]
+    flags = ["--model", "qwen2.5-7b", "--prompt-len", "128", "--new-tokens", "8", "--cache", cache,
+             "--kernels", kernels, "--json"]
     cmd = [sys.executable, "-c", f"import resource, sys; sys.path.insert(0, '{ROOT / 'examples'}'); import hf_generate; "
            f"hf_generate.main({flags!r}); print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"]
     t0 = time.perf_counter()
@@ -119,10 +119,11 @@ def main(argv=None) -> int:
         runs = [generate_7b(c, k) for c, k in (("dynamic", "fused"), ("static", "fused"), ("dynamic", "eager"))]
         for r in runs:
             r["vs_qwen_layer"] = r["decode_step_ns"] / ref
-        print(tabulate([(r["cache"], r["kernels"], f"{r['wall_s']:.0f}", f"{r['max_rss_bytes'] / 1e9:.2f}",
-                         f"{r['ttft_ns'] / 1e3:.1f}", f"{r['decode_step_ns'] / 1e3:.1f}", f"x{r['vs_qwen_layer']:.3f}")
-                        for r in runs], headers=("cache", "norms", "wall s", "peak GB", "TTFT us", "decode step us",
-                                                 f"vs qwen_layer ({ref / 1e3:.1f} us)")))
+        rows = [(r["cache"], r["kernels"], f"{r['wall_s']:.0f}", f"{r['max_rss_bytes'] / 1e9:.2f}",
+                 f"{r['ttft_ns'] / 1e3:.1f}", f"{r['decode_step_ns'] / 1e3:.1f}", f"x{r['vs_qwen_layer']:.3f}")
+                for r in runs]
+        print(tabulate(rows, headers=("cache", "norms", "wall s", "peak GB", "TTFT us", "decode step us",
+                                      f"vs qwen_layer ({ref / 1e3:.1f} us)")))
         g = runs[0]
         ratio = g["vs_qwen_layer"]
         targets += [dict(target="7B generate <= 60 s wall", measured=f"{g['wall_s']:.0f} s", **{"pass": g["wall_s"] <= 60}),

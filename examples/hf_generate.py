@@ -8,10 +8,11 @@ the one the model uses: ``DynamicCache`` (``--cache dynamic``, Hugging Face's de
 step concatenates the whole cache) or ``StaticCache`` (``--cache static``: preallocated, each
 step writes its new keys and values in place). ``--kernels fused`` (default) runs the RMSNorm
 layers as one fused op each (``models.hf.fuse_norms``, as a serving stack's kernel does);
-``--kernels eager`` runs the layers' own op-by-op chain. Reported, as serving people look at it: time to
-first token (the prefill forward), time per output token (each decode step), tokens/s, the
-% of the HBM roofline per decode step (bytes read: weights + KV cache, over the step's
-simulated time, against ``machine.hbm_gbps`` of all PEs) and the per-op profile.
+``--kernels eager`` runs the layers' own op-by-op chain. Reported, as serving people look
+at it: time to first token (the prefill forward), time per output token (each decode
+step), tokens/s, the % of the HBM roofline per decode step (bytes read: weights + KV
+cache, over the step's simulated time, against ``machine.hbm_gbps`` of all PEs) and the
+per-op profile.
 
     python examples/hf_generate.py --model qwen2.5-7b --prompt-len 128 --new-tokens 8
     python examples/hf_generate.py --model mixtral-8x7b --prompt-len 32 --new-tokens 2 --json
@@ -134,7 +135,8 @@ def report(args, prof, clock, out, expect, model, wall: float) -> dict:
     tpot = sum(decode) / len(decode) if decode else None
     total = sum(clock.steps)
     rec = {"model": args.model, "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-           "cache": args.cache, "kernels": args.kernels, "timing_only": args.timing_only, "ttft_ns": prefill, "tpot_ns": tpot, "decode_steps": steps,
+           "cache": args.cache, "kernels": args.kernels, "timing_only": args.timing_only, "ttft_ns": prefill,
+           "tpot_ns": tpot, "decode_steps": steps,
            "tokens_per_s": args.batch * args.new_tokens * 1e9 / total if total else None,
            "decode_tokens_per_s": args.batch * 1e9 / tpot if tpot else None, "total_ns": total,
            "ops": [{"name": r.name, "latency_ns": r.latency_ns, "bottleneck": r.bottleneck}

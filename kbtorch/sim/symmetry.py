@@ -242,7 +242,7 @@ def reduce(machine, programs: dict) -> Reduction:
         classes.setdefault(sig, []).append(unit)
     # NOTE: the representative is the member launched last (the first such in name order),
     # so the class's latest finish, and its chain, are the representative's own.
-    members = {max(g, key=lambda u: (base[u], -g.index(u))): tuple(g) for g in classes.values()}
+    members = {max(g, key=base.__getitem__): tuple(g) for g in classes.values()}
     shift = {m: base[m] - base[rep] for rep, group in members.items() for m in group}
     reps = {pe: programs[pe] for unit in members for pe in units[unit][0]}
     return Reduction(reps, members, shift)

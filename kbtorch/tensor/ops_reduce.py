@@ -7,7 +7,7 @@ cumsum/..., ``var``, ``logsumexp``, ``sort`` for topk/sort, ``softmax``, ``log_s
 ``rms_norm``, ``layer_norm``); the output size sets the bytes written (``out_ratio``).
 Numerics: the torch op on the host values, every keyword argument as torch has it
 (``out=`` refused). Placement: an input sharded on a reduced dimension is all-gathered
-first, but a sum or mean of it is Partial (``sharding.sums_locally``), and a norm of it
+first, but a sum or mean of it is Partial (``sharding.reduces_shard``), and a norm of it
 (``rms_norm``, ``layer_norm``) normalises each PE's part after an all-reduce of its rows'
 statistics (``sharded_norm``), and a max/min/argmax/argmin over it picks each PE's winners
 and all-gathers only those (``gathered_picks``); the result keeps the shard
@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten
 from .dispatch import Out, host_call, refuse, register, same_device
 from .kernels import dtype_of, mesh_pes, on, timed, vector
 from .placement import Partial, Replicate, Shard, Spec
-from .sharding import placement, rowwise_input, rowwise_output, sums_locally
+from .sharding import placement, rowwise_input, rowwise_output, reduces_shard
 
 aten = torch.ops.aten
 
@@ -67,11 +67,11 @@ def vector_pass(func, args, kwargs, machine):
         out = (out[0], spread(out[1], reduced_dims(func, args, kwargs, x.dim())[0], x.shape))
     results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     dims = reduced_dims(func, args, kwargs, x.dim())
-    if name in LINEAR and sums_locally(x, dims):
+    if name in LINEAR and reduces_shard(x, dims):
         src, where = x, on(x, Partial())
-    elif name in NORM_STATS and sums_locally(x, dims):
+    elif name in NORM_STATS and reduces_shard(x, dims):
         src, where = sharded_norm(x, dims, NORM_STATS[name]), on(x, placement(x))
-    elif name in PICKS and sums_locally(x, dims):
+    elif name in PICKS and reduces_shard(x, dims):
         src, where = gathered_picks(x, results[0].numel()), on(x, Replicate())
     else:
         src = rowwise_input(x, dims)
@@ -90,28 +90,32 @@ def vector_pass(func, args, kwargs, machine):
 
 def sharded_norm(x, dims: tuple, stats: int):
     """``x``, sharded on a normalised dimension, after the all-reduce of ``stats`` fp32
-    values per row (timed as ``x``'s Partial statistics made replicated); returns ``x``.
+    values per row; returns ``x``.
 
     NOTE: as a tensor-parallel norm does: each PE sums its part of every row, the partial
     sums are all-reduced (a few bytes per row), and each PE normalises its part, so the
     output stays sharded and the activation is never gathered."""
     rows = x.numel() // prod(x.shape[d] for d in {e % x.dim() for e in dims})
-    partial = torch.empty(rows * stats, dtype=torch.float32, device="meta")
-    type(x)(partial, Spec(x._spec.mesh, (Partial(),)), owns=False).redistribute([Replicate()])
+    _replicate(x, rows * stats, Partial())
     return x
 
 
 def gathered_picks(x, rows: int):
     """``x``, sharded on a reduced dimension, after the all-gather of every PE's winner of
-    each of ``rows`` rows (a value and an index, timed as two fp32 per row and PE); returns ``x``.
+    each of ``rows`` rows (a value and an index: two fp32 per row and PE); returns ``x``.
 
     NOTE: as a tensor-parallel greedy sampler does over vocabulary-sharded logits: each PE
     reduces its part, and choosing among the P candidates of a row is negligible next to
     gathering the whole row."""
-    n = len(x._spec.mesh.pes)
-    picks = torch.empty(n * rows * 2, dtype=torch.float32, device="meta")
-    type(x)(picks, Spec(x._spec.mesh, (Shard(0),)), owns=False).redistribute([Replicate()])
+    _replicate(x, len(x._spec.mesh.pes) * rows * 2, Shard(0))
     return x
+
+
+def _replicate(x, numel: int, placed) -> None:
+    """Time making ``numel`` fp32 values placed ``placed`` on ``x``'s mesh replicated (the
+    collective is recorded on the stream); the values themselves are not kept."""
+    values = torch.empty(numel, dtype=torch.float32, device="meta")
+    type(x)(values, Spec(x._spec.mesh, (placed,)), owns=False).redistribute([Replicate()])
 
 
 def reduced_dims(func, args, kwargs, rank: int) -> tuple:

@@ -10,7 +10,7 @@ where it matters, see ``flat``):
   dimension that splits over the mesh (sequence parallelism), else all-reduce.
 - row-wise ops (softmax, norms, reductions over ``dims``): an input sharded on a reduced
   dimension is all-gathered first, but a sum or mean of it gives ``Partial()`` (each PE
-  sums its part, ``sums_locally``); the result keeps the shard (renumbered if dims go).
+  sums its part, ``reduces_shard``); the result keeps the shard (renumbered if dims go).
 - matmul ``a[M, K] @ b[K, N]`` (see ``ops_matmul``): column-parallel ``b`` Shard(1) gives
   ``Shard(1)`` (``a`` made replicated), row-parallel ``b`` Shard(0) with ``a`` Shard(1) (or
   Replicate, sliced for free) gives ``Partial()``.
@@ -80,13 +80,14 @@ def elementwise_inputs(tensors: list, out_shape: tuple) -> tuple[list, object]:
     return fixed, Shard(out_dim) if out_dim is not None else Replicate()
 
 
-def sums_locally(x, dims: tuple) -> bool:
-    """Whether a sum (or mean) of ``x`` over ``dims`` runs on each PE's part into a
-    ``Partial()`` result: ``x`` is sharded on one of ``dims`` (on a 1-D mesh).
+def reduces_shard(x, dims: tuple) -> bool:
+    """Whether ``x`` (on a 1-D mesh) is sharded on one of the reduced ``dims``: then a sum or
+    mean runs on each PE's part into a ``Partial()`` result, a norm all-reduces its rows'
+    statistics and a max/argmax gathers each PE's winners (``ops_reduce``).
 
-    NOTE: a sum is linear, so the partial sums are reduced when used (an RMSNorm of a
-    hidden-sharded activation all-reduces one value per row, as a tensor-parallel norm
-    does) instead of the whole input being gathered first."""
+    NOTE: those reductions decompose over the parts (a sum is linear), so the whole input
+    is never gathered first: an RMSNorm of a hidden-sharded activation moves a few values
+    per row, as a tensor-parallel norm does."""
     d = shard_dim(x) if len(x._spec.placements) == 1 else None
     return d is not None and d in {e % x.dim() for e in dims}
 
