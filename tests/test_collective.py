@@ -314,6 +314,16 @@ def test_auto_mode_runs_coarse_above_the_kernels_command_count(ahbm, monkeypatch
     assert collective("all_reduce", mode="fast", **kw).mode == "fast"
 
 
+def test_auto_mode_runs_coarse_above_the_kernels_flit_crossings(ahbm, monkeypatch):
+    """``mode="auto"``: coarse above ``COARSE_FLIT_HOPS`` link crossings of the kernel's
+    traffic (a 4 KiB ring over a CUBE crosses about a thousand)."""
+    kw = dict(group="cube", nbytes=4 << 10, algo="ring", machine=ahbm)
+    monkeypatch.setattr(collective_module, "COARSE_FLIT_HOPS", 10_000)
+    assert collective("all_reduce", **kw).mode == "fast"
+    monkeypatch.setattr(collective_module, "COARSE_FLIT_HOPS", 10)
+    assert collective("all_reduce", **kw).mode == "coarse"
+
+
 # ---- the whole machine --------------------------------------------------------------------
 
 def test_tree_all_reduce_over_the_whole_machine(ahbm):
