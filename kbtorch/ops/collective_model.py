@@ -72,7 +72,9 @@ def step_alphas(machine, sched, pes: tuple) -> list[int]:
     return out
 
 
-def launch_ps(machine, pe: int) -> int:
+def program_start_ps(machine, pe: int) -> int:
+    """The CP's and scheduler's start of PE ``pe``'s program and its first command's issue
+    (not the kernel launch that reaches it: ``Machine.launch_ps``)."""
     g, info = machine.graph, machine.pes[pe]
     return g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"] + machine.issue.kind_ps("dma")
 
@@ -117,8 +119,8 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
         ready = new
     chain = max(ready[m][b] for m in range(sched.n) for b in sched.keeps[m])
     g, info = machine.graph, machine.pes[pes[0]]
-    launch = g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"]
-    return launch + max(chain, max(t + n * cmd for t, n in zip(start_of, busy)))
+    start = g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"]
+    return start + max(chain, max(t + n * cmd for t, n in zip(start_of, busy)))
 
 
 def issue_ps(machine, sched, block_bytes: int, packet_bytes: int) -> int:
@@ -149,7 +151,7 @@ def issue_ps(machine, sched, block_bytes: int, packet_bytes: int) -> int:
 def alpha_beta_ps(machine, sched, pes: tuple, block_bytes: int, packet_bytes: int) -> int:
     """Step-synchronous alpha-beta estimate (see the module docstring)."""
     alphas = step_alphas(machine, sched, pes)
-    total = launch_ps(machine, pes[0])
+    total = program_start_ps(machine, pes[0])
     fb = machine.flit_bytes
     g = machine.graph
     cache: dict = {}

@@ -297,7 +297,8 @@ def schedule(kind: str, algo: str, grid, root: int = 0, order: str = "rank") -> 
     if order == "grid" and kind in ("reduce_scatter", "all_gather"):
         by_coords = sorted(range(n), key=lambda m: grid.coords[m])
         steps = _relabel(steps, [m * per + j for m in by_coords for j in range(per)])
-        rank = [by_coords.index(m) for m in range(n)]
+        for i, m in enumerate(by_coords):
+            rank[m] = i
     own = tuple(tuple(range(rank[m] * per, (rank[m] + 1) * per)) for m in range(n))
     holds = {"all_reduce": (everything,) * n, "reduce_scatter": (everything,) * n, "all_gather": own,
              "broadcast": tuple(everything if m == root else () for m in range(n))}[kind]
