@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kbtorch  # noqa: E402
-from kbtorch.profiler import clock_ns  # noqa: E402
+from kbtorch.tensor.stream import clock_ns  # noqa: E402
 from models.hf import CONFIGS, build, fuse_norms, place_tp  # noqa: E402
 
 TINY = {"tiny": "tiny-qwen2", "tiny-llama": "tiny-llama", "tiny-mistral": "tiny-mistral", "tiny-mixtral": "tiny-mixtral"}

@@ -24,10 +24,10 @@ from math import prod
 import torch
 
 from ..ops.collective import collective, concurrent
-from ..profiler import record
 from .dispatch import root
-from .kernels import dtype_of
+from .kernels import kernel_dtype
 from .placement import Partial, Replicate, Shard, Spec
+from .stream import record
 
 
 def _lines(mesh, dim: int) -> list[tuple]:
@@ -83,7 +83,7 @@ def redistribute(x, placements):
     base = root(x)
     if everywhere and getattr(base, "_replicated", None) == spec.mesh:
         return wrap(x._value, spec, owns=False)
-    name, eb = dtype_of("redistribute", x._value)
+    name, eb = kernel_dtype(x._value, "redistribute")
     for dim, (old, new) in enumerate(zip(x._spec.placements, spec.placements)):
         kind = _kind(old, new)
         if kind is None:
@@ -93,7 +93,7 @@ def redistribute(x, placements):
         elems = -(-x.numel() // (2 * n)) * 2 * n
         latency, algo = _timed(spec.mesh.machine, kind, tuple(tuple(g) for g in lines), elems * eb, name)
         record(f"redistribute {old!r}->{new!r}", (tuple(x.shape),), f"{kind} {algo} x{len(lines)}",
-                      latency, bytes=elems * eb * len(lines), detail=f"mesh dim {dim}, {n} PEs per group")
+               latency, bytes=elems * eb * len(lines), detail=f"mesh dim {dim}, {n} PEs per group")
     if everywhere:
         base._replicated = spec.mesh
     return wrap(x._value, spec)
