@@ -15,8 +15,8 @@ import torch
 from ..sim.simulator import RunResult
 from ..topology import as_machine
 
-__all__ = ["DType", "DTYPES", "dtype_of", "as_machine", "memory_bytes", "bottleneck", "tflops", "OpRun", "Param", "OpFamily", "register", "family",
-           "families"]
+__all__ = ["DType", "DTYPES", "dtype_of", "as_machine", "memory_bytes", "bottleneck", "tflops", "OpRun", "Param",
+           "OpFamily", "register", "family", "families"]
 
 
 @dataclass(frozen=True)
