@@ -355,4 +355,4 @@ for _kind in KINDS:
         Param("group", "str", "all", "all, a topology level (cube, sip, cube:N) or a PE list"),
         Param("algo", "str", "auto", choices=("auto", *ALGOS)), Param("op", "str", "sum", choices=tuple(OPS)),
         Param("dtype", "dtype", "f16"), Param("mode", "str", "auto", choices=("auto", *MODES))),
-        help=f"collective {_kind}", cli="kbtorch.cli_collective:add_parser"))
+        help=f"collective {_kind}"))

@@ -161,16 +161,13 @@ class Param:
 @dataclass(frozen=True)
 class OpFamily:
     """A registered op family: ``run(machine=..., **params) -> OpRun`` (timing only),
-    ``reference`` (the torch definition of its numerics), its parameters, and optionally a
-    command-line module (``cli``: ``module:function(subparsers, parents)``) that replaces
-    the generic ``kbtorch bench NAME``."""
+    ``reference`` (the torch definition of its numerics) and its parameters."""
 
     name: str
     run: Callable[..., OpRun]
     reference: Callable
     params: tuple = ()
     help: str = ""
-    cli: str | None = None
 
 
 _FAMILIES: dict[str, OpFamily] = {}

@@ -156,4 +156,4 @@ register(OpFamily("gemm", _timing,
                               Param("composite", "flag", True, help="composite commands (off: individual ones)"),
                               Param("tile", "shape", help="macro-tile TM,TN,TK (with grid; default: automatic)"),
                               Param("grid", "shape", help="PE grid GM,GN,GK (with tile; default: automatic)")),
-                  help="C[M,N] = A[M,K] @ B[K,N] on the PEs", cli="kbtorch.cli_gemm:add_parser"))
+                  help="C[M,N] = A[M,K] @ B[K,N] on the PEs"))
