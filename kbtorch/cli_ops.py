@@ -58,7 +58,7 @@ def _cmd_family(args, machine):
     params = {prm.name: getattr(args, prm.name) for prm in fam.params if getattr(args, prm.name) is not None}
     if "pes" in params:
         params["pes"] = _pes_arg(params["pes"], len(machine.pes))
-    run = fam.run(machine=machine, mode="flit" if args.flit_exact else "fast", trace=bool(args.trace), **params)
+    run = fam(machine=machine, mode="flit" if args.flit_exact else "fast", trace=bool(args.trace), **params)
     _write_trace(args, run.result)
     data = {"topology": machine.name, "family": fam.name, **run.summary(), "breakdown": breakdown_ns(run.result)}
     head = (f"{run.op} ({run.plan}), {run.dtype}: {run.latency_ns:.3f} ns, {run.tflops:.2f} TFLOP/s, "

@@ -157,7 +157,7 @@ def run_point(point) -> dict:
     try:
         machine = load_machine(point.topology, dict(point.overrides) or None)
         ops.load_families()      # NOTE: a fresh worker process has imported only what kbtorch imports
-        fn = resolve(point.op) if ":" in point.op else family(point.op).run
+        fn = resolve(point.op) if ":" in point.op else family(point.op)
         row = measure(fn(machine=machine, **_convert(point.op, dict(point.params), machine)))
     except Exception as exc:  # noqa: BLE001 - NOTE: a failing point is recorded, the sweep goes on
         row = {"error": f"{type(exc).__name__}: {exc}"}
