@@ -350,7 +350,7 @@ def _timing(kind: str):
 
 
 def _numeric(kind: str):
-    def run(machine=None, nbytes=1 << 20, group="all", dtype="f16", op="sum", **kw) -> tuple:
+    def numeric(machine=None, nbytes=1 << 20, group="all", dtype="f16", op="sum", **kw) -> tuple:
         """(run, every member's output, ``torch_reference``'s): the family on seeded random shards."""
         n = len(resolve_group(as_machine(machine), group))
         g = torch.Generator().manual_seed(0)
@@ -360,7 +360,7 @@ def _numeric(kind: str):
         got, want = (torch.cat([t.reshape(-1) for t in out])
                      for out in (run.outputs, torch_reference(kind, shards, op)))
         return run, got, want
-    return run
+    return numeric
 
 
 # NOTE: tolerance: the alpha-beta estimate against the simulation of the samples, worst -36%
