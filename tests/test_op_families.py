@@ -89,13 +89,3 @@ def test_a_new_family_file_is_discovered(tmp_path, monkeypatch):
             fam(machine=str(DATA / "tiny.toml"), n=0)
     finally:
         sys.modules.pop("kbtorch.ops.twice", None)
-
-
-@pytest.mark.parametrize("call", [
-    lambda m: ops.gemm.gemm(shape=(8, 8, 8), pes=[0, 99], machine=m),
-    lambda m: ops.attention.attention(shape=(1, 2, 2, 1, 8, 16), pes=[], machine=m),
-    lambda m: ops.elementwise.elementwise("add", 8, pes=[-1], machine=m)], ids=("gemm", "attention", "vector"))
-def test_the_entries_refuse_pes_the_machine_lacks(call, machines):
-    """Not only at the family's door: each public entry checks its PE group (``pe_group``)."""
-    with pytest.raises(ValueError, match=r"pes \[.*\]: expected PE ids 0\.\.7 \(at least one\)"):
-        call(machines["tiny"])

@@ -35,7 +35,7 @@ from .. import limits
 from ..kernel import launch
 from . import attention_kernel as ak
 from .attention_plan import ACC_BYTES, AttentionShape, AttentionTiling, decode_plan, prefill_plan
-from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, dtype_of, pe_group, register
+from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, dtype_of, register
 
 DECODE_MAX_LQ = 16
 BR_CHOICES = (4, 8, 16, 32, 64, 128, 256)
@@ -274,7 +274,9 @@ def attention(q=None, k=None, v=None, *, shape=None, is_causal=False, scale=None
     if base.hq % base.hkv:
         raise ValueError(f"attention: Hq={base.hq} query heads are not a multiple of Hkv={base.hkv} kv heads")
     sh = AttentionShape(base.b, base.hq, base.hkv, base.lq, base.lk, base.d, bool(is_causal), base.dtype)
-    pes = pe_group(machine, pes, "attention")
+    pes = list(range(len(machine.pes))) if pes is None else list(pes)
+    if not pes:
+        raise ValueError("attention: pes is empty")
     # NOTE: a lower bound of what the PEs hold: Q, K, V and the output spread evenly over them.
     need = (2 * sh.b * sh.hq * sh.lq + 2 * sh.b * sh.hkv * sh.lk) * sh.d * sh.eb
     limits.check_hbm(machine, pes, -(-need // len(pes)), f"attention {base}")

@@ -10,7 +10,6 @@ sample params from the moment it registers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from numbers import Integral
 from typing import Callable
 
 import torch
@@ -18,8 +17,8 @@ import torch
 from ..sim.simulator import RunResult
 from ..topology import as_machine
 
-__all__ = ["DType", "DTYPES", "dtype_of", "as_machine", "pe_group", "memory_bytes", "OpRun", "Param", "Sample",
-           "OpFamily", "register", "family", "families"]
+__all__ = ["DType", "DTYPES", "dtype_of", "as_machine", "memory_bytes", "OpRun", "Param", "Sample", "OpFamily",
+           "register", "family", "families"]
 
 
 @dataclass(frozen=True)
@@ -48,17 +47,6 @@ def dtype_of(x, op: str = "kbtorch") -> DType:
         what = f"unknown dtype '{t}'" if isinstance(t, str) else f"dtype {t} is not supported"
         raise ValueError(f"{op}: {what} (supported: {', '.join(DTYPES)})")
     return found
-
-
-def pe_group(machine, pes, op: str) -> list[int]:
-    """The PEs ``op`` runs on: every PE of ``machine`` if ``pes`` is None, else ``pes``, each
-    an id of one of its PEs (ValueError naming the op otherwise)."""
-    if pes is None:
-        return list(range(len(machine.pes)))
-    group = list(pes)
-    if not _ids(group, len(machine.pes)):
-        raise ValueError(f"{op}: pes {group}: expected PE ids 0..{len(machine.pes) - 1} (at least one)")
-    return group
 
 
 def memory_bytes(machine, result: RunResult, kind: str | None = "hbm") -> int:
@@ -186,9 +174,8 @@ def _count(v) -> bool:
 
 
 def _ids(v, n_pes: int) -> bool:
-    """``v`` is a non-empty list of ids of PEs of a machine of ``n_pes``."""
     return isinstance(v, (list, tuple)) and bool(v) and all(
-        isinstance(i, Integral) and not isinstance(i, bool) and 0 <= i < n_pes for i in v)
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n_pes for i in v)
 
 
 #: Param kind -> (test(param, value, PEs of the machine), what it expects).

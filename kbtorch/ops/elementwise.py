@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..kernel import launch
 from ..sim.commands import Move
-from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, pe_group, register
+from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, register
 
 TILE_BYTES = 256 * 1024
 PAGE = 4096
@@ -59,7 +59,7 @@ def elementwise(op: str, n: int, *, inputs: int = 2, dtype: str = "f16", elem_by
     machine = as_machine(machine)
     if n < 1:
         raise ValueError(f"elementwise: {n} elements")
-    group = pe_group(machine, pes, "elementwise")
+    group = list(range(len(machine.pes))) if pes is None else list(pes)
     group = group[:max(1, min(len(group), n))]
     flops = machine.math_flops(op, group[0]) if flops_per_element is None else flops_per_element
     eb = DTYPES[dtype].bytes if elem_bytes is None else elem_bytes

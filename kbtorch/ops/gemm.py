@@ -17,7 +17,7 @@ import torch
 from .. import limits
 from ..kernel import launch
 from ..sim.simulator import RunResult
-from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, dtype_of, pe_group, register
+from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, dtype_of, register
 from .gemm_kernel import gemm_kernel
 from .gemm_model import GemmEstimate, candidates, estimate
 from .gemm_plan import GemmTiling, check_shape, output_tiles, plan, steps
@@ -114,7 +114,7 @@ def gemm(a=None, b=None, *, shape=None, dtype=None, out_dtype=None, pes=None, ti
         raise ValueError("gemm: give tensors a and b, or shape=(M, N, K) for a timing-only run")
     check_shape(m, n, k, dtype)
     out_dtype = dtype_of(out_dtype or dtype, "gemm out_dtype").name
-    pes = pe_group(machine, pes, "gemm")
+    pes = list(range(len(machine.pes))) if pes is None else list(pes)
     eb, ob = DTYPES[dtype].bytes, DTYPES[out_dtype].bytes
     # NOTE: a lower bound of what the PEs hold: the operands spread evenly over them.
     limits.check_hbm(machine, pes, -(-((m * k + k * n) * eb + m * n * ob) // len(pes)), f"gemm M={m} N={n} K={k} {dtype}")
