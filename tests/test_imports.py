@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: groups of one rank (sweep, models) do not import each other. Ranks decided from the code:
 #: - units, limits (parsing, run-size limits) import nothing of kbtorch and every layer uses
 #:   them: rank 0, below the topology.
+#: - compile (the torch.compile backend, graph branch) lowers dynamo's graphs onto the device's
+#:   graph capture: part of the tensor front end.
 #: - profiler reports on the tensor stream and the simulator's results: above tensor, below
 #:   the public API (``kbtorch.profile``) and the front ends that print its tables.
 #: - kbtorch (the package root, exactly) is the public API: models use it, as users do.
@@ -31,7 +33,7 @@ LAYERS = (
     (3, "runtime", ("kbtorch.runtime",)),
     (4, "kernel", ("kbtorch.kernel",)),
     (5, "ops", ("kbtorch.ops",)),
-    (6, "tensor", ("kbtorch.tensor",)),
+    (6, "tensor", ("kbtorch.tensor", "kbtorch.compile")),
     (7, "profiler", ("kbtorch.profiler",)),
     (8, "api", ("kbtorch",)),
     (9, "sweep", ("kbtorch.sweep",)),
@@ -102,17 +104,17 @@ def _graph(root: Path = ROOT) -> dict:
     return graph
 
 
+def _matches(module: str, pattern: str) -> bool:
+    """``pattern`` names ``module`` or a package above it (``kbtorch`` alone: the root only)."""
+    if pattern == "kbtorch":
+        return module == pattern
+    return fnmatch.fnmatchcase(".".join(module.split(".")[:pattern.count(".") + 1]), pattern)
+
+
 def _layer(module: str) -> tuple | None:
     """(rank, group) of a module: its most specific pattern in ``LAYERS`` (None: unranked)."""
-    best = None
-    for rank, group, patterns in LAYERS:
-        for p in patterns:
-            head = ".".join(module.split(".")[:p.count(".") + 1])
-            exact = "." not in p and p == "kbtorch"
-            if (module == p) if exact else fnmatch.fnmatchcase(head, p):
-                if best is None or len(p) > best[0]:
-                    best = (len(p), rank, group)
-    return best and best[1:]
+    found = [(len(p), rank, group) for rank, group, patterns in LAYERS for p in patterns if _matches(module, p)]
+    return max(found)[1:] if found else None
 
 
 def violations(graph: dict) -> list:
@@ -176,7 +178,8 @@ def test_every_import_follows_the_layer_order():
 def test_every_module_has_a_layer():
     assert _layer("kbtorch") == (8, "api") and _layer("kbtorch.cli_gemm") == (10, "cli")
     assert _layer("kbtorch.models.qwen2") == _layer("models.hf") == (9, "models")
-    assert _layer("kbtorch.tensor.ops_matmul") == (6, "tensor") and _layer("kbtorch.units") == (0, "base")
+    assert _layer("kbtorch.tensor.ops_matmul") == _layer("kbtorch.compile") == (6, "tensor")
+    assert _layer("kbtorch.units") == _layer("kbtorch.limits") == (0, "base")
     assert _layer("kbtorch.nowhere") is None
 
 
