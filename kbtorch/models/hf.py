@@ -80,7 +80,6 @@ def build(name: str, dtype=torch.float32, timing_only: bool = False, seed: int =
 def place_tp(model):
     """Place ``model``'s parameters (on ahbm) as the module docstring says. Returns it."""
     import kbtorch
-    from kbtorch.tensor.placement import default_spec
     machine = kbtorch.current_machine()
     n = len(machine.pes)
     mesh = kbtorch.Mesh(tuple(range(n)), (n,))
@@ -92,7 +91,7 @@ def place_tp(model):
             elif leaf in ROW and pname == "weight":
                 placed = kbtorch.Shard(1)
             else:
-                placed = default_spec(machine, tuple(p.shape)).placements[0]
+                placed = kbtorch.default_spec(machine, tuple(p.shape)).placements[0]
             setattr(sub, pname, torch.nn.Parameter(kbtorch.distribute_tensor(p.data, mesh, [placed]),
                                                    requires_grad=False))
     return model

@@ -7,7 +7,7 @@
     "links.noc.bw_gbps" = [128, 256, 512]      # any topology field by its dotted path
     hbm = { paths = ["components.hbm_slice.channel_gbps", "links.hbm.bw_gbps"], scale = [0.5, 1, 2] }
     [workloads.gemm_s128]
-    op = "gemm"                                # a registered op family, "qwen_layer", or fn = "module:fn"
+    op = "gemm"                                # a registered op family, or fn = "module:fn"
     m = 128                                    # its params; a list sweeps them (composite = [true, false])
 
 The points are the cross product of the axes' values and every workload's expanded params,

@@ -1,7 +1,8 @@
-"""Workloads of a sweep and how one point runs: a registered op family (``op = "gemm"``), the
-Qwen2 decoder layer (``op = "qwen_layer"``) or any ``fn = "module:function"`` called as
-``function(machine=..., **params)``; each returns an ``OpRun`` (or a dict with at least
-``latency_ns``), turned into one row of figures by :func:`measure`.
+"""Workloads of a sweep and how one point runs: a registered op family (``op = "gemm"``) or any
+``fn = "module:function"`` called as ``function(machine=..., **params)`` (the Qwen2 decoder
+layer: ``fn = "kbtorch.models.qwen2_sweep:layer"``); each returns an ``OpRun`` (or a dict with at
+least ``latency_ns``), turned into one row of figures by :func:`measure`. NOTE: a study names
+a model's workload in its file; the sweep never names models (the layer order).
 """
 from __future__ import annotations
 
@@ -18,10 +19,8 @@ from ..profiler import breakdown_ns
 from ..topology.machine import load_machine
 from ..units import parse_bytes, parse_pes
 
-__all__ = ["Workload", "parse_workload", "add_paths", "run_point", "measure", "BUILTIN"]
+__all__ = ["Workload", "parse_workload", "add_paths", "run_point", "measure"]
 
-#: Workloads by name that live outside kbtorch (the repository's models, on sys.path).
-BUILTIN = {"qwen_layer": "kbtorch.models.qwen2_sweep:layer"}
 _SINGLE_LIST = ("pes", "shape")
 
 
@@ -48,17 +47,17 @@ def parse_workload(name: str, table: dict, path: str, error, paths: tuple = ()) 
     table = dict(table)
     op, fn = table.pop("op", None), table.pop("fn", None)
     if (op is None) == (fn is None):
-        raise error(path, field, "give exactly one of op (a registered op family or qwen_layer) and fn ('module:function')")
-    target = fn if fn is not None else BUILTIN.get(op, op)
-    if ":" in target:
+        raise error(path, field, "give exactly one of op (a registered op family) and fn ('module:function')")
+    target = fn if fn is not None else op
+    if fn is not None:
         add_paths(paths)
-        accepts = _signature(target, path, f"{field}.{'fn' if fn else 'op'}", error)
+        accepts = _signature(target, path, f"{field}.fn", error)
         kinds = {}
         unknown = [p for p in table if accepts is not None and p not in accepts]
     else:
         ops.load_families()
         if op not in {f.name for f in families()}:
-            raise error(path, f"{field}.op", f"unknown op family '{op}' (known: {', '.join(sorted(f.name for f in families()))}, qwen_layer)")
+            raise error(path, f"{field}.op", f"unknown op family '{op}' (known: {', '.join(sorted(f.name for f in families()))})")
         kinds = {p.name: p for p in family(op).params}
         unknown = [p for p in table if p not in kinds]
         missing = [p.name for p in kinds.values() if p.required and p.name not in table]
@@ -158,7 +157,7 @@ def run_point(point) -> dict:
     try:
         machine = load_machine(point.topology, dict(point.overrides) or None)
         ops.load_families()      # NOTE: a fresh worker process has imported only what kbtorch imports
-        fn = resolve(point.op) if ":" in point.op else family(point.op).run
+        fn = resolve(point.op) if ":" in point.op else family(point.op)
         row = measure(fn(machine=machine, **_convert(point.op, dict(point.params), machine)))
     except Exception as exc:  # noqa: BLE001 - NOTE: a failing point is recorded, the sweep goes on
         row = {"error": f"{type(exc).__name__}: {exc}"}
