@@ -44,10 +44,6 @@ LAYERS = (
 #: Groups that import the rest of kbtorch through the public API (``kbtorch``) only.
 PUBLIC_ONLY = ("models",)
 
-#: Imports against the order that a named change removes; each must still exist (a stale entry
-#: fails) so that the list only shrinks. NOTE: issue 21 item 1 moves the stream (``record``)
-#: out of the profiler into tensor/; delete these two when that lands.
-PENDING = {("kbtorch.tensor.kernels", "kbtorch.profiler"), ("kbtorch.tensor.redistribute", "kbtorch.profiler")}
 
 #: A string constant read as an import: ``package.module`` or ``module:function`` under one of
 #: our top packages (a bare ``"kbtorch"`` is a name, e.g. an op label, not an import).
@@ -127,7 +123,7 @@ def violations(graph: dict) -> list:
             continue
         for m, how in sorted(graph[me].items()):
             theirs = _layer(m)
-            if (me, m) in PENDING or theirs is None and how == "import":
+            if theirs is None and how == "import":
                 continue
             if mine[1] in PUBLIC_ONLY and theirs is not None and theirs[1] not in (mine[1], "api"):
                 out.append(f"{me} ({mine[1]}) imports {m}: {mine[1]} use the public API (kbtorch) only")
@@ -171,8 +167,6 @@ def test_the_module_graph_has_no_cycle():
 def test_every_import_follows_the_layer_order():
     graph = _graph()
     assert not violations(graph), "\n".join(violations(graph))
-    stale = {(a, b) for a, b in PENDING if b not in graph.get(a, {})}
-    assert not stale, f"PENDING lists imports that are gone (delete them): {sorted(stale)}"
 
 
 def test_every_module_has_a_layer():
