@@ -3,7 +3,8 @@
 Every command takes ``--json`` (print exactly one JSON object on stdout) and ``--topology
 NAME|PATH`` (default ``ahbm``). Byte counts accept KiB/MiB/GiB suffixes, PE lists ``0,5,9``
 and ``0-7``, triples (GEMM tiles and grids) ``128,128,512``. An error prints ``kbtorch:
-error: <message>`` on stderr and exits with 2.
+error: <message>`` on stderr and exits with 2; a sweep some of whose points failed prints its
+results and exits with 1.
 """
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
         print(json.dumps(_finite(data)) if getattr(args, "json", False) else text, flush=True)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0
+    return getattr(args, "status", 0)
 
 
 def _finite(x):

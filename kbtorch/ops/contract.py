@@ -7,6 +7,7 @@ command line and design-space sweeps find it by name, with its parameters as dat
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -15,8 +16,8 @@ import torch
 from ..sim.simulator import RunResult
 from ..topology import as_machine
 
-__all__ = ["DType", "DTYPES", "dtype_of", "as_machine", "memory_bytes", "OpRun", "Param", "OpFamily", "register", "family",
-           "families"]
+__all__ = ["DType", "DTYPES", "dtype_of", "check_pes", "as_machine", "memory_bytes", "OpRun", "Param", "OpFamily",
+           "register", "family", "families"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,23 @@ def dtype_of(x, op: str = "kbtorch") -> DType:
         what = f"unknown dtype '{t}'" if isinstance(t, str) else f"dtype {t} is not supported"
         raise ValueError(f"{op}: {what} (supported: {', '.join(DTYPES)})")
     return found
+
+
+def check_pes(machine, pes, op: str) -> list:
+    """``pes`` as a list (None: every PE of ``machine``); ValueError naming ``op`` unless they
+    are PE ids of the machine, each once, at least one."""
+    n = len(machine.pes)
+    if pes is None:
+        return list(range(n))
+    out = list(pes)
+    for pe in out:
+        if isinstance(pe, bool) or not isinstance(pe, numbers.Integral) or not 0 <= pe < n:
+            raise ValueError(f"{op}: PE {pe!r} does not exist on topology '{machine.name}' (PEs 0..{n - 1})")
+    if not out:
+        raise ValueError(f"{op}: the PE list is empty")
+    if len(set(out)) != len(out):
+        raise ValueError(f"{op}: PE {next(p for p in out if out.count(p) > 1)} is listed twice")
+    return [int(pe) for pe in out]
 
 
 def memory_bytes(machine, result: RunResult, kind: str | None = "hbm") -> int:
@@ -163,7 +181,9 @@ class OpFamily:
     """A registered op family: ``run(machine=..., **params) -> OpRun`` (timing only),
     ``reference`` (the torch definition of its numerics), its parameters, and optionally a
     command-line module (``cli``: ``module:function(subparsers, parents)``) that replaces
-    the generic ``kbtorch bench NAME``."""
+    the generic ``kbtorch bench NAME``. ``check(machine=..., **params)`` runs the checks
+    ``run`` makes before any work (shapes, PEs, groups, HBM capacity, limits) and nothing
+    else: a sweep refuses bad params with it before any point runs."""
 
     name: str
     run: Callable[..., OpRun]
@@ -171,6 +191,7 @@ class OpFamily:
     params: tuple = ()
     help: str = ""
     cli: str | None = None
+    check: Callable[..., None] | None = None
 
 
 _FAMILIES: dict[str, OpFamily] = {}
