@@ -23,7 +23,7 @@ from .sim.commands import Dma
 from .sim.simulator import Simulator
 from .sim.traffic import PATTERNS, pattern_messages, pattern_pairs
 from .topology.machine import load_machine
-from .cli_common import _byte_count, _pe_arg, _pes_arg, _run_info, _write_trace
+from .cli_common import _byte_count, _nonneg_int, _pe_arg, _pes_arg, _positive_int, _run_info, _write_trace
 from .cli_ops import add_family_parsers
 from .cli_sweep import add_parser as add_sweep_parser
 from .units import fmt_bytes, fmt_ns
@@ -63,9 +63,9 @@ def _bench_parsers(bench, common) -> None:
     p.set_defaults(func=_cmd_hbm)
     p = bench.add_parser("traffic", parents=[common, run], help="synthetic PE-to-PE messages")
     p.add_argument("--pattern", choices=PATTERNS, default="uniform")
-    p.add_argument("--messages", type=int, default=64, help="number of messages (default 64)")
+    p.add_argument("--messages", type=_positive_int, default=64, help="number of messages (default 64)")
     p.add_argument("--bytes", type=_byte_count, default=64 << 10, help="bytes per message (default 64KiB)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_nonneg_int, default=0)
     p.add_argument("--flit-exact", action="store_true", help="one event per flit (reference mode)")
     p.set_defaults(func=_cmd_traffic)
     add_family_parsers(bench, [common, run])

@@ -108,21 +108,23 @@ def check_points(points: list, path: str, error) -> None:
         seen[key] = i
 
 
-def check_machines(points: list, workloads: tuple, path: str, error) -> None:
-    """Every family workload's params on every machine of the sweep (its family's checks)."""
+def check_machines(points: list, workloads: tuple, path: str, error, axes: tuple = ()) -> None:
+    """Every machine of the sweep compiles, and every family workload's params pass its
+    family's checks on each."""
     machines: dict = {}
     for p in points:
         over = tuple((k, v) for k, v in p.overrides if _parts(k)[0] not in TIMING_ONLY)
         machines.setdefault(json.dumps([p.topology, same_key(dict(over))]), (p.topology, over))
     runs = [(w, params) for w in workloads if ":" not in w.op for params in w.expand()]
-    if not runs:
-        return
     ops.load_families()
+    names = {dotted: a.name for a in axes for dotted in a.paths}
     for topology, over in machines.values():
         try:
             machine = load_machine(topology, dict(over) or None)
         except TopologyError as exc:
-            raise error(path, "axes", f"{exc.message} (on {_machine(topology, over)})") from None
+            set_by = list(dict.fromkeys(names.get(k, k) for k, _ in over))
+            field = f"axes.{set_by[0]}" if len(set_by) == 1 else ("points" if not axes else "axes")
+            raise error(path, field, f"{exc.entry}: {exc.message} (on {_machine(topology, over)})") from None
         for w, params in runs:
             fault = _fault(w.op, dict(params), machine)
             if fault is not None:

@@ -150,7 +150,7 @@ def load_spec(path) -> Spec:
     points = _explicit(raw_points, base, workloads, path) if raw_points is not None \
         else _product(base, axes, workloads, path, combine)
     check_points(points, path, SpecError)
-    check_machines(points, workloads, path, SpecError)
+    check_machines(points, workloads, path, SpecError, axes)
     return Spec(path, name, base, axes, workloads, tuple(points), paths)
 
 
@@ -192,9 +192,10 @@ def _read(path: str) -> dict:
         raise SpecError(path, "file", f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     most = _limit(path, "depth")
     # NOTE: before parsing: tomllib takes quadratic time on a long dotted key.
-    deep = re.search(r"(?:[\w-]+[ \t]*\.[ \t]*){%d,}" % (most + 1), _QUOTED.sub('""', text))
+    bare = _QUOTED.sub('""', text)
+    deep = re.search(r"(?:[\w-]+[ \t]*\.[ \t]*){%d,}" % (most + 1), bare)
     if deep:
-        raise SpecError(path, f"line {text.count(chr(10), 0, deep.start()) + 1}",
+        raise SpecError(path, f"line {bare.count(chr(10), 0, deep.start()) + 1}",
                         f"a dotted key nested more than {most} levels deep (set {LIMITS['depth'][0]} to raise it)")
     try:
         doc = tomllib.loads(text)

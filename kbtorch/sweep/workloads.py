@@ -121,6 +121,9 @@ def _signature(target: str, path, field, error, paths=()):
         raise error(path, field, f"cannot import '{target}': {exc}{_shadowed(target, paths)}") from None
     except Exception as exc:  # noqa: BLE001 - NOTE: importing runs the module's code: any fault is the spec's
         raise error(path, field, f"importing '{target}' failed: {type(exc).__name__}: {exc}") from None
+    hidden = _shadowed(target, paths)
+    if hidden:
+        raise error(path, field, f"'{target}':{hidden}")
     if not callable(fn) or inspect.isclass(fn):
         raise error(path, field, f"'{target}' is a {type(fn).__name__}, not a function "
                                  "(expected 'module:function' taking machine= and the params)")
@@ -138,20 +141,36 @@ def _shadowed(target: str, paths) -> str:
     top = target.partition(":")[0].split(".")[0]
     found = sys.modules.get(top)
     own = [p for p in paths if os.path.exists(os.path.join(p, top + ".py")) or os.path.isdir(os.path.join(p, top))]
-    where = getattr(found, "__file__", None) or ""
-    if own and found is not None and not any(where.startswith(os.path.join(p, "")) for p in own):
-        return (f" ('{top}' is the installed module at {where}; the spec folder's {top} is not imported "
-                "because it would hide it: rename it)")
+    where = [getattr(found, "__file__", None) or ""] + list(getattr(found, "__path__", None) or [])
+    if own and found is not None and not any(w.startswith(os.path.join(p, "")) for w in where for p in own):
+        return (f" ('{top}' is the installed module at {where[0] or where[-1]}; the spec folder's {top} is not "
+                "imported, as it would hide that module: rename it)")
     return ""
+
+
+#: Folders :func:`add_paths` put on sys.path (the current spec's).
+_ADDED: list = []
 
 
 def add_paths(paths) -> None:
     """Put ``paths`` (the working directory, the spec's directory) at the END of sys.path, for
     ``fn`` workloads. NOTE: at the end, so that a file beside the spec (a ``dask.py``) never
-    shadows an installed module that kbtorch or the sweep imports."""
+    shadows an installed module that kbtorch or the sweep imports. The folders of an earlier
+    spec leave sys.path and the modules imported from them are forgotten, so that a spec's
+    ``fn`` is its own folder's module, never a namesake of another spec's."""
+    stale = [p for p in _ADDED if p not in paths]
+    for p in stale:
+        _ADDED.remove(p)
+        if p in sys.path:
+            sys.path.remove(p)
+    inside = tuple(os.path.join(p, "") for p in stale)
+    for name, module in list(sys.modules.items()) if stale else ():
+        if (getattr(module, "__file__", None) or "").startswith(inside):
+            del sys.modules[name]
     for p in paths:
         if p not in sys.path:
             sys.path.append(p)
+            _ADDED.append(p)
 
 
 def resolve(target: str):
