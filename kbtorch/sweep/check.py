@@ -7,9 +7,10 @@
   row stands for a point that did not run.
 - ``check_machines``: every workload's params pass its op family's own checks
   (``OpFamily.check``: PE lists, grids, groups, GQA ratios, HBM capacity, limits) on every
-  machine of the sweep. NOTE: a machine is compiled once per set of overrides outside
-  ``links``, ``issue`` and ``launch``: those set timing only (kernels never read link or
-  issue parameters), never which params are valid.
+  machine of the sweep, and every machine compiles. NOTE: a machine is compiled for this
+  once per set of overrides other than timing-only ones (:func:`timing_only`: link, issue
+  and launch parameters, bandwidths, latencies, clock and peak rates), which never change
+  which params are valid: the checks read PEs, groups, capacities and op names only.
 """
 from __future__ import annotations
 
@@ -27,10 +28,18 @@ from ..topology.machine import load_machine, topology_path
 from ..topology.overrides import apply_overrides
 from .workloads import convert, same_key
 
-__all__ = ["combos", "check_axes", "check_distinct", "check_points", "check_machines", "get", "TIMING_ONLY"]
+__all__ = ["combos", "check_axes", "check_distinct", "check_points", "check_machines", "get", "timing_only"]
 
 #: Top-level sections of a topology whose overrides change timing only.
 TIMING_ONLY = ("links", "issue", "launch")
+_TIMING_FIELD = re.compile(r"_(gbps|ns|ghz|cycles)$")
+
+
+def timing_only(dotted: str) -> bool:
+    """Whether an override at ``dotted`` changes timing only (see the module docstring)."""
+    parts = _parts(dotted)
+    return (parts[0] in TIMING_ONLY or _TIMING_FIELD.search(parts[-1]) is not None
+            or (len(parts) > 1 and parts[-2] == "tflops"))
 
 
 def get(doc: dict, dotted: str):
@@ -113,7 +122,7 @@ def check_machines(points: list, workloads: tuple, path: str, error, axes: tuple
     family's checks on each."""
     machines: dict = {}
     for p in points:
-        over = tuple((k, v) for k, v in p.overrides if _parts(k)[0] not in TIMING_ONLY)
+        over = tuple((k, v) for k, v in p.overrides if not timing_only(k))
         machines.setdefault(json.dumps([p.topology, same_key(dict(over))]), (p.topology, over))
     runs = [(w, params) for w in workloads if ":" not in w.op for params in w.expand()]
     ops.load_families()
