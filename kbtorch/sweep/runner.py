@@ -108,7 +108,12 @@ def execute(spec_or_path, *, workers: int | None = None, scheduler: str | None =
 def probe_scheduler(address: str, timeout_s: float = SCHEDULER_TIMEOUT_S) -> None:
     """ValueError naming ``address`` unless a TCP connection to it opens within ``timeout_s``
     (before the store is opened or any point is run)."""
-    m = re.fullmatch(r"(?:tcp://)?\[?([^\[\]/]+?)\]?:(\d{1,5})/?", address.strip()) if isinstance(address, str) else None
+    if not isinstance(address, str):
+        raise ValueError(f"argument --scheduler: expected an address like tcp://host:8786, got {address!r}")
+    scheme, sep, _ = address.strip().partition("://")
+    if sep and scheme not in ("tcp", "tls", "ws", "wss"):
+        return          # NOTE: other transports (inproc, ucx) are Dask's to reach, with the client's timeout
+    m = re.fullmatch(r"(?:\w+://)?\[?([^\[\]/]+?)\]?:(\d{1,5})/?", address.strip())
     if m is None or not 0 < int(m.group(2)) < 65536:
         raise ValueError(f"argument --scheduler: '{address}' is not a Dask scheduler address like tcp://host:8786")
     try:
@@ -141,7 +146,7 @@ def _results(chunks: list, paths: list, workers: int, scheduler: str | None):
     with dask.config.set({"distributed.worker.multiprocessing-method": "fork"}):
         cluster = None if scheduler else LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                                        dashboard_address=None, silence_logs=logging.ERROR)
-    client = Client(scheduler or cluster, timeout=f"{SCHEDULER_TIMEOUT_S}s")
+    client = Client(scheduler, timeout=f"{3 * SCHEDULER_TIMEOUT_S:g}s") if scheduler else Client(cluster)
     try:
         futures = {client.submit(run_chunk, [p for _, p in c], paths, pure=False): c for c in chunks}
         for fut in as_completed(futures):
