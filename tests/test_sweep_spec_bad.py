@@ -100,7 +100,12 @@ BAD = {
                                              "axes.blocks.cube.links[99].link", "is a list of 8"),
     "an unknown axis table field": ("", '[axes]\nx = { path = "links.noc.bw_gbps", value = [1] }\n' + GEMM,
                                     "axes.x.value", "did you mean 'values'?"),
+    "a topology that is not TOML": ('', '[axes]\ntopology = ["' + TINY + '", "/etc/hostname"]\n' + GEMM,
+                                    "axes.topology", "'/etc/hostname': not valid TOML"),
+    "a topology that is a folder": ('', '[axes]\ntopology = ["/tmp"]\n' + GEMM, "axes.topology",
+                                    "'/tmp': is a directory"),
     # -- names and code -------------------------------------------------------------------
+    "a target without a colon": ("", '[workloads.f]\nfn = "os"\n', "workloads.f.fn", "expected 'module:function'"),
     "a name that escapes the plot folder": ('name = "../escaped"\n', GEMM, "sweep.name", "'../escaped'"),
     "a name that is a number": ("name = 5\n", GEMM, "sweep.name", "got 5"),
     "a hidden name": ('name = ".hidden"\n', GEMM, "sweep.name", "not starting with '.'"),

@@ -243,9 +243,11 @@ def _topology(value, path, field) -> str:
     near = Path(path).resolve().parent / value
     name = str(near) if value.endswith(".toml") and near.exists() else value
     try:
-        topology_path(name)
+        tpath = topology_path(name)
+        validate(read_toml(tpath), tpath)
     except TopologyError as exc:
-        raise SpecError(path, field, f"'{value}': {exc.message}") from None
+        where = "" if exc.entry in ("name", "file") else f"{exc.entry}: "
+        raise SpecError(path, field, f"'{value}': {where}{exc.message}") from None
     return name
 
 

@@ -56,6 +56,8 @@ def parse_workload(name: str, table: dict, path: str, error, paths: tuple = (), 
     if not isinstance(op if fn is None else fn, str):
         key = "op" if fn is None else "fn"
         raise error(path, f"{field}.{key}", f"expected a string, got {op if fn is None else fn!r}")
+    if fn is not None and ":" not in fn:
+        raise error(path, f"{field}.fn", f"expected 'module:function', got {fn!r}")
     target = fn if fn is not None else BUILTIN.get(op, op)
     if ":" in target:
         add_paths(paths)
