@@ -14,7 +14,10 @@ The points are the cross product of the axes' values and every workload's expand
 (``[sweep] combine = "one_at_a_time"``: the base point and each axis' other values with the
 rest at base), or the explicit ``[[points]]`` (``workload = NAME`` plus axis values, e.g.
 ``"links.noc.bw_gbps" = 512``). Every error names the file and the field
-(``study.toml: axes.links.noc.bw_gbps: ...``), before anything runs.
+(``study.toml: axes.links.noc.bw_gbps: ...``), before anything runs: the file's size and
+nesting and the number of points (``KBTORCH_MAX_POINTS``) before anything is expanded, then
+every axis value on every topology, every workload's params on every machine of the sweep
+(``check``), and that no two axes, values, workloads or points merge silently.
 """
 from __future__ import annotations
 
