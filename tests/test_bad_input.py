@@ -279,14 +279,19 @@ def test_backward_through_the_device():
     torch.testing.assert_close(leaf.grad.cpu(), torch.full((4, 4), 2.0))
 
 
+def _ones(dtype, *shape):
+    return torch.ones(*shape, dtype=dtype).to("ahbm")
+
+
 REFUSED = {
     "complex add": (NotImplementedError, "add on ahbm tensors of dtype torch.complex64 is not supported",
-                    lambda: torch.ones(2, dtype=torch.complex64).to("ahbm") + 1),
+                    lambda: _ones(torch.complex64, 2) + 1),
     "complex mm": (NotImplementedError, "aten::mm on ahbm tensors of dtype torch.complex64",
-                   lambda: torch.ones(2, 2, dtype=torch.complex64).to("ahbm") @ torch.ones(2, 2, dtype=torch.complex64).to("ahbm")),
+                   lambda: _ones(torch.complex64, 2, 2) @ _ones(torch.complex64, 2, 2)),
     "bool mm (as on the CPU)": (NotImplementedError, "not implemented for 'Bool'",
-                                lambda: torch.ones(2, 2, dtype=torch.bool).to("ahbm") @ torch.ones(2, 2, dtype=torch.bool).to("ahbm")),
-    "numpy()": (TypeError, "can't convert ahbm:0 device type tensor to numpy. Use Tensor.cpu()", lambda: _on(3).numpy()),
+                                lambda: _ones(torch.bool, 2, 2) @ _ones(torch.bool, 2, 2)),
+    "numpy()": (TypeError, "can't convert ahbm:0 device type tensor to numpy. Use Tensor.cpu()",
+                lambda: _on(3).numpy()),
     "np.asarray": (TypeError, "can't convert ahbm:0 device type tensor to numpy",
                    lambda: __import__("numpy").asarray(_on(3))),
     "item of many": (RuntimeError, "a Tensor with 3 elements cannot be converted to Scalar", lambda: _on(3).item()),

@@ -66,7 +66,8 @@ BAD = {
                            "workloads.a.hq", "Hq=3 query heads are not a multiple of Hkv=2"),
     "a bad PE on one machine of the axis": (
         "", '[axes]\n"blocks.system.arrays.chip.count" = [3, 2]\n' + GEMM + 'pes = "0-11"\n',
-        "workloads.g.pes", "PE 8 does not exist (PEs 0..7) (on topology 'tiny' with blocks.system.arrays.chip.count=2)"),
+        "workloads.g.pes",
+        "PE 8 does not exist (PEs 0..7) (on topology 'tiny' with blocks.system.arrays.chip.count=2)"),
     "a machine of the axis that does not compile": (
         "", '[axes]\n"blocks.system.arrays.chip.count" = [2, 1]\n' + GEMM,
         "axes.blocks.system.arrays.chip.count", "machine.route_order: dimensions ['chip'] label no link"),
@@ -109,7 +110,8 @@ BAD = {
     "a name that escapes the plot folder": ('name = "../escaped"\n', GEMM, "sweep.name", "'../escaped'"),
     "a name that is a number": ("name = 5\n", GEMM, "sweep.name", "got 5"),
     "a hidden name": ('name = ".hidden"\n', GEMM, "sweep.name", "not starting with '.'"),
-    "a target that is a string": ("", '[workloads.f]\nfn = "os:sep"\n', "workloads.f.fn", "'os:sep' is a str, not a function"),
+    "a target that is a string": ("", '[workloads.f]\nfn = "os:sep"\n', "workloads.f.fn",
+                                  "'os:sep' is a str, not a function"),
     "a target that is a class": ("", '[workloads.f]\nfn = "collections:OrderedDict"\n', "workloads.f.fn",
                                  "is a type, not a function"),
     "a missing module": ("", '[workloads.f]\nfn = "no_such_module_25:fn"\n', "workloads.f.fn", "no_such_module_25"),

@@ -132,7 +132,8 @@ def checked(machine, m, n, k, dtype, out_dtype, pes, tiling) -> tuple[list, str]
     pes = check_pes(machine, pes, "gemm")
     eb, ob = DTYPES[dtype].bytes, DTYPES[out_dtype].bytes
     # NOTE: a lower bound of what the PEs hold: the operands spread evenly over them.
-    limits.check_hbm(machine, pes, -(-((m * k + k * n) * eb + m * n * ob) // len(pes)), f"gemm M={m} N={n} K={k} {dtype}")
+    need = -(-((m * k + k * n) * eb + m * n * ob) // len(pes))
+    limits.check_hbm(machine, pes, need, f"gemm M={m} N={n} K={k} {dtype}")
     if tiling is not None:
         check_tiling(m, n, k, tiling, pes)
     return pes, out_dtype

@@ -141,7 +141,8 @@ def check_machines(points: list, workloads: tuple, path: str, error, axes: tuple
                 where = _machine(topology, over)
                 if f"topology '{Path(topology).stem}'" in fault and not over:
                     where = ""
-                note = f" (on {where}{_swept(w, params)})" if where else (f" ({_swept(w, params)[2:]})" if w.swept else "")
+                swept = _swept(w, params)
+                note = f" (on {where}{swept})" if where else (f" ({swept[2:]})" if swept else "")
                 raise error(path, f"workloads.{w.name}{'.' + field if field else ''}", fault + note)
 
 

@@ -297,7 +297,8 @@ def _values(value, path, field) -> tuple:
     seen: dict = {}
     for v in value:
         if not isinstance(v, (bool, int, float, str)):
-            raise SpecError(path, field, f"the value {v!r} is a {'table' if isinstance(v, dict) else type(v).__name__}: "
+            kind = "table" if isinstance(v, dict) else type(v).__name__
+            raise SpecError(path, field, f"the value {v!r} is a {kind}: "
                             "an axis value is a number, a string or a boolean (use [[points]] to set lists or tables)")
         if same_key(v) in seen:
             raise SpecError(path, field, f"the value {v!r} is the same as {seen[same_key(v)]!r}: each value once")
@@ -307,7 +308,7 @@ def _values(value, path, field) -> tuple:
 
 def _overrides(topology: str, settings: list, path: str, field: str) -> tuple:
     """The overrides of ``settings`` ([(axis, value)]) on ``topology``, checked against its schema."""
-    tpath = topology_path(topology)
+    tpath, shown = topology_path(topology), Path(topology).stem
     doc = read_toml(tpath)
     out, by_path = {}, {}
     for axis, value in settings:
@@ -315,7 +316,7 @@ def _overrides(topology: str, settings: list, path: str, field: str) -> tuple:
             try:
                 apply_overrides(copy.deepcopy(doc), {dotted: 0}, tpath)
             except TopologyError as exc:
-                raise SpecError(path, f"{field}.{axis.name}", f"{exc.message} (on topology '{Path(topology).stem}')") from None
+                raise SpecError(path, f"{field}.{axis.name}", f"{exc.message} (on topology '{shown}')") from None
             out[dotted] = get(doc, dotted) * value if axis.scale else value
             by_path[dotted] = axis.name
     try:
@@ -325,7 +326,7 @@ def _overrides(topology: str, settings: list, path: str, field: str) -> tuple:
         hit = [d for d in out if exc.entry == d or exc.entry.startswith(d + ".") or exc.entry.startswith(d + "[")]
         name = by_path[hit[0]] if hit else exc.entry
         where = f"{exc.entry}: " if hit and exc.entry != name else ""
-        raise SpecError(path, f"{field}.{name}", f"{where}{exc.message} (on topology '{Path(topology).stem}')") from None
+        raise SpecError(path, f"{field}.{name}", f"{where}{exc.message} (on topology '{shown}')") from None
     return tuple(sorted(out.items()))
 
 
