@@ -142,6 +142,34 @@ def test_two_meshes_are_refused():
         a + b
 
 
+# == issue 25: the checks a sweep makes before any point (OpFamily.check) are the runs' own ====
+
+FAMILY_CHECKS = {
+    "gemm negative PE": ("gemm", dict(m=8, n=8, k=8, pes=[-1, 2]), "gemm: PE -1 does not exist"),
+    "gemm PE twice": ("gemm", dict(m=8, n=8, k=8, pes=[3, 3]), "gemm: PE 3 is listed twice"),
+    "gemm 2-element grid": ("gemm", dict(m=8, n=8, k=8, grid=[2, 2], tile=[8, 8, 8]), "grid [2, 2] must be three"),
+    "attention no PEs": ("attention", dict(hq=2, hkv=2, lq=1, lk=64, pes=[]), "attention: the PE list is empty"),
+    "attention GQA 3/2": ("attention", dict(hq=3, hkv=2, lq=1, lk=64), "Hq=3 query heads are not a multiple"),
+    "vector of 10^15": ("vector", dict(op="add", n=10**15), "bytes of HBM"),
+    "vector float PE": ("vector", dict(op="add", n=64, pes=[0.5]), "PE 0.5 does not exist"),
+    "all-reduce galaxy": ("all_reduce", dict(nbytes=4096, group="galaxy"), "unknown group 'galaxy'"),
+}
+
+
+@pytest.mark.parametrize("name, params, fault", FAMILY_CHECKS.values(), ids=FAMILY_CHECKS.keys())
+def test_family_check_is_the_run_own(tiny, name, params, fault):
+    from kbtorch.ops.contract import family
+    _refused(ValueError, re.escape(fault), lambda: family(name).check(machine=tiny, **params))
+    _refused(ValueError, re.escape(fault), lambda: family(name).run(machine=tiny, **params))
+
+
+def test_every_family_has_a_check():
+    from kbtorch import ops
+    from kbtorch.ops.contract import families
+    ops.load_families()
+    assert [f.name for f in families() if f.check is None] == []
+
+
 # == issue 25: environment variables ===========================================================
 
 @pytest.mark.parametrize("value, fault", [
