@@ -66,12 +66,13 @@ def check_axes(axes: tuple, base: str, path: str, error) -> None:
     for axis in axes:
         for dotted in axis.paths:
             parts = _parts(dotted)
-            for other, name in owner.items():
+            for other, (name, text) in owner.items():
                 if parts[:len(other)] == other or other[:len(parts)] == parts:
-                    same = "sets the same entry" if other == parts else "overlaps the entry"
-                    raise error(path, f"axes.{axis.name}", f"'{dotted}' {same} as axes.{name} (one axis per "
-                                "entry; a quoted and a dotted key are the same path)")
-            owner[parts] = axis.name
+                    what = f"sets the same entry as axes.{name}" if other == parts else \
+                        f"overlaps '{text}' of axes.{name}"
+                    raise error(path, f"axes.{axis.name}", f"'{dotted}' {what} (one axis per entry; a quoted "
+                                "and a dotted key are the same path)")
+            owner[parts] = (axis.name, dotted)
     topologies = [base] + [v for a in axes if not a.paths for v in a.values]
     for topology in dict.fromkeys(topologies):
         tpath = topology_path(topology)
