@@ -3,7 +3,8 @@
 Every command takes ``--json`` (print exactly one JSON object on stdout) and ``--topology
 NAME|PATH`` (default ``ahbm``). Byte counts accept KiB/MiB/GiB suffixes, PE lists ``0,5,9``
 and ``0-7``, triples (GEMM tiles and grids) ``128,128,512``. An error prints ``kbtorch:
-error: <message>`` on stderr and exits with 2.
+error: <message>`` on stderr and exits with 2; a sweep some of whose points failed prints its
+results and exits with 1.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from .sim.commands import Dma
 from .sim.simulator import Simulator
 from .sim.traffic import PATTERNS, pattern_messages, pattern_pairs
 from .topology.machine import load_machine
-from .cli_common import _byte_count, _pe_arg, _pes_arg, _run_info, _write_trace
+from .cli_common import _byte_count, _nonneg_int, _pe_arg, _pes_arg, _positive_int, _run_info, _write_trace
 from .cli_ops import add_family_parsers
 from .cli_sweep import add_parser as add_sweep_parser
 from .units import fmt_bytes, fmt_ns
@@ -62,9 +63,9 @@ def _bench_parsers(bench, common) -> None:
     p.set_defaults(func=_cmd_hbm)
     p = bench.add_parser("traffic", parents=[common, run], help="synthetic PE-to-PE messages")
     p.add_argument("--pattern", choices=PATTERNS, default="uniform")
-    p.add_argument("--messages", type=int, default=64, help="number of messages (default 64)")
+    p.add_argument("--messages", type=_positive_int, default=64, help="number of messages (default 64)")
     p.add_argument("--bytes", type=_byte_count, default=64 << 10, help="bytes per message (default 64KiB)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_nonneg_int, default=0)
     p.add_argument("--flit-exact", action="store_true", help="one event per flit (reference mode)")
     p.set_defaults(func=_cmd_traffic)
     add_family_parsers(bench, [common, run])
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
         print(json.dumps(_finite(data)) if getattr(args, "json", False) else text, flush=True)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0
+    return getattr(args, "status", 0)
 
 
 def _finite(x):

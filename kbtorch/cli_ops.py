@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 
 from . import cli_collective, cli_gemm, ops
-from .cli_common import _byte_count, _pes_arg, _positive_int, _triple, _write_trace
+from .cli_common import _byte_count, _finite_float, _pes_arg, _positive_int, _triple, _write_trace
 from .ops.contract import DTYPES, families
 from .profiler import breakdown_ns, breakdown_table
 
-_TYPES = {"int": _positive_int, "bytes": _byte_count, "float": float, "str": str, "pes": str, "dtype": str,
+_TYPES = {"int": _positive_int, "bytes": _byte_count, "float": _finite_float, "str": str, "pes": str, "dtype": str,
           "shape": _triple}
 
 

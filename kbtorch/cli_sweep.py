@@ -1,10 +1,13 @@
 """``kbtorch sweep SPEC.toml``: run a design-space sweep (``kbtorch.sweep``), resumable, with a
-progress bar on stderr (silent under ``--json``), exports and plots. Needs the ``[sweep]``
+progress bar on stderr (silent under ``--json``), exports and plots. The spec and the outputs
+are checked before any point runs; a sweep whose points failed exits with status 1 and a
+summary of the failures by cause. Needs the ``[sweep]``
 extra (``pip install -e ".[sweep]"``); its modules are imported only when the command runs.
 """
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from .cli_common import _positive_int
 
@@ -37,6 +40,44 @@ def _check_extras(args) -> None:
             raise ValueError("argument --export: parquet needs pyarrow (pip install pyarrow), or export csv")
 
 
+def causes(failures: list) -> list:
+    """Failures grouped by their error: ``[{error, points, workloads}]``, the most common first."""
+    by: dict = {}
+    for f in failures:
+        entry = by.setdefault(f["error"], {"error": f["error"], "points": 0, "workloads": []})
+        entry["points"] += 1
+        if f["workload"] not in entry["workloads"]:
+            entry["workloads"].append(f["workload"])
+    return sorted(by.values(), key=lambda c: -c["points"])
+
+
+def _check_outputs(args) -> None:
+    """ValueError naming the option unless ``--export`` and ``--plot`` can be written (before any point runs)."""
+    if args.export:
+        _writable(args.export[1], "--export", directory=False)
+    if args.plot:
+        _writable(args.plot, "--plot", directory=True)
+
+
+def _writable(path: str, option: str, directory: bool) -> None:
+    if not path:
+        raise ValueError(f"argument {option}: an empty path")
+    target = os.path.abspath(path)
+    if os.path.exists(target):
+        if os.path.isdir(target) != directory:
+            raise ValueError(f"argument {option}: '{path}' is {'not ' if directory else ''}a directory")
+        if not os.access(target, os.W_OK):
+            raise ValueError(f"argument {option}: '{path}' is not writable")
+        return
+    parent = os.path.dirname(target)
+    while not os.path.exists(parent) and directory:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"argument {option}: cannot write '{path}': no directory '{os.path.dirname(target)}'")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"argument {option}: cannot write '{path}': '{parent}' is not writable")
+
+
 def export(df, fmt: str, path: str) -> None:
     """Write the sweep's rows as CSV, Parquet or a markdown table (without the ns_ columns)."""
     if fmt == "csv":
@@ -60,6 +101,7 @@ def _cmd_sweep(args, _machine):
     from .sweep.plots import plot_all, sensitivity
     from .sweep.runner import execute
     spec = load_spec(args.spec)
+    _check_outputs(args)
     result = execute(spec, workers=args.workers, scheduler=args.scheduler, store=args.store,
                      progress=not getattr(args, "json", False))
     df = frame(result.rows, spec)
@@ -67,7 +109,10 @@ def _cmd_sweep(args, _machine):
         export(df, *args.export)
     plots = plot_all(df, spec, args.plot) if args.plot else []
     failures = [{"key": r["key"], "workload": r["workload"], "error": r["error"]} for r in result.failures]
+    # NOTE: a sweep with failed points exits 1 (2: it was refused before any point ran).
+    args.status = 1 if failures else 0
     data = {"spec": spec.name, "points": len(result.rows), "ran": result.ran, "failed": failures,
+            "causes": causes(failures),
             "store": result.store_path, "wall_s": result.wall_s, "plots": plots,
             "sensitivity": sensitivity(df, spec) if spec.axes else {}, "rows": result.rows}
     return data, _text(df, data)
@@ -82,6 +127,8 @@ def _text(df, data: dict) -> str:
     lines = [head, "", table]
     if data["failed"]:
         lines += ["", "failures:"] + [f"  {f['workload']} ({f['key'][:12]}): {f['error']}" for f in data["failed"]]
+        lines += ["", f"{len(data['failed'])} of {data['points']} points failed, by cause:"] + [
+            f"  {c['points']} x {c['error']} (workloads: {', '.join(c['workloads'])})" for c in data["causes"]]
     if data["plots"]:
         lines += ["", "plots: " + ", ".join(data["plots"])]
     return "\n".join(lines)

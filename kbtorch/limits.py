@@ -12,6 +12,8 @@ LIMITS = {
     "tiles": ("KBTORCH_MAX_TILES", 1_000_000),          # GEMM macro-tiles (K steps included)
     "messages": ("KBTORCH_MAX_MESSAGES", 1_000_000),    # messages of one traffic run
     "flits": ("KBTORCH_MAX_FLITS", 1 << 32),            # flits of one traffic run
+    "points": ("KBTORCH_MAX_POINTS", 10_000),           # points of one sweep, counted before expansion
+    "depth": ("KBTORCH_MAX_DEPTH", 16),                 # nesting of tables and lists in a sweep spec
 }
 
 
@@ -20,10 +22,11 @@ def limit(name: str) -> int:
     text = os.environ.get(env)
     if text is None:
         return default
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"${env}={text!r} is not an integer") from None
+    # NOTE: ASCII digits only (int() also takes '١٢', '1_000' and spaces); a limit is positive.
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or int(digits) < 1:
+        raise ValueError(f"${env}={text!r} is not a positive integer (unset it for the default {default})")
+    return int(digits)
 
 
 def check(name: str, value: int, what: str) -> None:

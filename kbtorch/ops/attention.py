@@ -35,7 +35,7 @@ from .. import limits
 from ..kernel import launch
 from . import attention_kernel as ak
 from .attention_plan import ACC_BYTES, AttentionShape, AttentionTiling, decode_plan, prefill_plan
-from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, dtype_of, register
+from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, check_pes, dtype_of, register
 
 DECODE_MAX_LQ = 16
 BR_CHOICES = (4, 8, 16, 32, 64, 128, 256)
@@ -271,19 +271,8 @@ def attention(q=None, k=None, v=None, *, shape=None, is_causal=False, scale=None
     (tensors), or a timing-only run of ``shape=(B, Hq, Hkv, Lq, Lk, D)``; see the module doc."""
     machine = as_machine(machine)
     base, timing_only = _shape_of(q, k, v, shape, dtype)
-    if base.hq % base.hkv:
-        raise ValueError(f"attention: Hq={base.hq} query heads are not a multiple of Hkv={base.hkv} kv heads")
     sh = AttentionShape(base.b, base.hq, base.hkv, base.lq, base.lk, base.d, bool(is_causal), base.dtype)
-    pes = list(range(len(machine.pes))) if pes is None else list(pes)
-    if not pes:
-        raise ValueError("attention: pes is empty")
-    # NOTE: a lower bound of what the PEs hold: Q, K, V and the output spread evenly over them.
-    need = (2 * sh.b * sh.hq * sh.lq + 2 * sh.b * sh.hkv * sh.lk) * sh.d * sh.eb
-    limits.check_hbm(machine, pes, -(-need // len(pes)), f"attention {base}")
-    # NOTE: a lower bound of the tiles any tiling makes: key tiles of the largest size times
-    # row blocks of the most rows.
-    tiles = sh.b * sh.hkv * -(-sh.lk // max(DECODE_BC, PREFILL_BC)) * -(-sh.lq * sh.group // MAX_ROWS)
-    limits.check("tiles", tiles, f"attention {base}")
+    pes = checked(machine, sh, pes)
     tiling = tiling or auto_tiling(machine, sh, pes)
     kind, works = _plan(machine, sh, tiling, pes)
     if not _fits(machine, sh, works):
@@ -301,6 +290,22 @@ def attention(q=None, k=None, v=None, *, shape=None, is_causal=False, scale=None
                         kind=kind, shape=sh, tiling=tiling, out=out)
 
 
+def checked(machine, sh: AttentionShape, pes) -> list:
+    """The checks before any work -> the PEs: GQA ratio, PEs, HBM capacity, tile limit."""
+    if sh.hq % sh.hkv:
+        raise ValueError(f"attention: Hq={sh.hq} query heads are not a multiple of Hkv={sh.hkv} kv heads")
+    pes = check_pes(machine, pes, "attention")
+    # NOTE: a lower bound of what the PEs hold: Q, K, V and the output spread evenly over them.
+    need = (2 * sh.b * sh.hq * sh.lq + 2 * sh.b * sh.hkv * sh.lk) * sh.d * sh.eb
+    what = f"attention B={sh.b} Hq={sh.hq} Hkv={sh.hkv} Lq={sh.lq} Lk={sh.lk} D={sh.d} {sh.dtype}"
+    limits.check_hbm(machine, pes, -(-need // len(pes)), what)
+    # NOTE: a lower bound of the tiles any tiling makes: key tiles of the largest size times
+    # row blocks of the most rows.
+    tiles = sh.b * sh.hkv * -(-sh.lk // max(DECODE_BC, PREFILL_BC)) * -(-sh.lq * sh.group // MAX_ROWS)
+    limits.check("tiles", tiles, what)
+    return pes
+
+
 def reference(q, k, v, is_causal: bool = False, scale=None) -> torch.Tensor:
     """The definition of the numerics: torch's SDPA (GQA heads repeated), in fp32, cast back."""
     import torch.nn.functional as F
@@ -311,6 +316,12 @@ def reference(q, k, v, is_causal: bool = False, scale=None) -> torch.Tensor:
 
 def _timing(machine=None, b=1, hq=1, hkv=1, lq=1, lk=1, d=128, causal=False, **kw) -> AttentionRun:
     return attention(shape=(b, hq, hkv, lq, lk, d), is_causal=causal, machine=machine, **kw)
+
+
+def _check(machine=None, b=1, hq=1, hkv=1, lq=1, lk=1, d=128, causal=False, dtype=None, pes=None, **_) -> None:
+    """The timing-only run's checks before any work."""
+    base, _ = _shape_of(None, None, None, (b, hq, hkv, lq, lk, d), dtype)
+    checked(as_machine(machine), AttentionShape(b, hq, hkv, lq, lk, d, bool(causal), base.dtype), pes)
 
 
 def _numeric(machine=None, b=1, hq=1, hkv=1, lq=1, lk=1, d=128, causal=False, dtype="f16", **kw) -> tuple:
@@ -335,4 +346,4 @@ register(OpFamily("attention", _timing, reference, (
     bad=(Sample(dict(hq=3, hkv=2, lq=1, lk=8), "hkv"), Sample(dict(hq=2, hkv=2, lq=0, lk=8), "lq"),
          Sample(dict(hq=2, hkv=2, lq=1, lk=8, pes=[]), "pes"),
          Sample(dict(hq=2, hkv=2, lq=1, lk=8, dtype="x"), "dtype")),
-    tolerance=0.55, numeric=_numeric, atol=2e-2))
+    tolerance=0.55, numeric=_numeric, atol=2e-2, check=_check))

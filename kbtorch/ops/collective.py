@@ -224,17 +224,15 @@ def collective(kind: str, shards=None, *, group="all", algo: str = "auto", op: s
         return _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode, order)
 
 
-def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode,
-                order) -> CollectiveRun:
+def checked(kind, shards, group, op, root, nbytes, dtype, machine, packet_bytes, mode, order) -> tuple:
+    """The checks before any work -> (PEs, bytes per member, dtype): kind, reduction, group,
+    sizes, HBM capacity, root, order, mode and packet size."""
     if kind not in KINDS:
         raise CollectiveError(f"unknown collective '{kind}' (known: {', '.join(KINDS)})")
     if op not in OPS:
         raise CollectiveError(f"unknown reduction '{op}' (known: {', '.join(OPS)})")
-    machine = as_machine(machine)
     pes = resolve_group(machine, group)
-    grid = make_grid(machine, pes)
     nbytes, dtype = _shards(kind, shards, len(pes), nbytes, dtype)
-    eb = DTYPES[dtype].bytes
     regions = 4 if kind in ("all_reduce", "reduce_scatter") else 3     # input, output, 2 scratch
     try:
         limits.check_hbm(machine, pes, regions * -(-nbytes // PAGE) * PAGE, f"{kind} of {nbytes} bytes per member")
@@ -248,6 +246,15 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, pac
         raise CollectiveError(f"unknown mode '{mode}' (known: auto, {', '.join(MODES)})")
     if packet_bytes is not None and packet_bytes < machine.flit_bytes:
         raise CollectiveError(f"packet_bytes={packet_bytes}: a packet is at least one flit ({machine.flit_bytes} bytes)")
+    return pes, nbytes, dtype
+
+
+def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode,
+                order) -> CollectiveRun:
+    machine = as_machine(machine)
+    pes, nbytes, dtype = checked(kind, shards, group, op, root, nbytes, dtype, machine, packet_bytes, mode, order)
+    grid = make_grid(machine, pes)
+    eb = DTYPES[dtype].bytes
     cands = estimates(kind, machine, grid, nbytes, eb, root, packet_bytes, order) if algo == "auto" else {}
     if algo == "auto" and not cands:
         raise CollectiveError(f"{kind}: no algorithm applies to {nbytes} bytes over {len(pes)} members")
@@ -349,6 +356,14 @@ def _timing(kind: str):
     return run
 
 
+def _check(kind: str):
+    def check(machine=None, nbytes=1 << 20, group="all", op="sum", root=0, dtype="f16", packet_bytes=None,
+              mode="auto", order="rank", **_) -> None:
+        """The timing-only run's checks before any work."""
+        checked(kind, None, group, op, root, nbytes, dtype, as_machine(machine), packet_bytes, mode, order)
+    return check
+
+
 def _numeric(kind: str):
     def numeric(machine=None, nbytes=1 << 20, group="all", dtype="f16", op="sum", **kw) -> tuple:
         """(run, every member's output, ``torch_reference``'s): the family on seeded random shards."""
@@ -377,4 +392,4 @@ for _kind in KINDS:
                  Sample(dict(nbytes=65536, group="0-3", algo="ring", op="max", dtype="fp32"))),
         bad=(Sample(dict(nbytes=0), "nbytes"), Sample(dict(nbytes=4097), "bytes"),
              Sample(dict(nbytes=4096, group="cube:99"), "group"), Sample(dict(nbytes=4096, algo="nope"), "algo")),
-        tolerance=0.4, numeric=_numeric(_kind), atol=5e-2))
+        tolerance=0.4, numeric=_numeric(_kind), atol=5e-2, check=_check(_kind)))

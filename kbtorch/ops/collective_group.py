@@ -58,11 +58,11 @@ def resolve_group(machine, spec) -> tuple:
     n_pes = len(machine.pes)
     if isinstance(spec, str) and spec == "all":
         pes = tuple(range(n_pes))
-    elif isinstance(spec, str) and re.fullmatch(r"[\d,\s-]+", spec):
+    elif isinstance(spec, str) and re.fullmatch(r"[\d,\s-]+", spec, re.ASCII):
         pes = []
         for item in filter(None, (x.strip() for x in spec.split(","))):
             a, dash, b = item.partition("-")
-            if not a.isdigit() or (dash and not b.isdigit()):
+            if not (a.isascii() and a.isdigit()) or (dash and not (b.isascii() and b.isdigit())):
                 raise CollectiveError(f"group '{spec}': cannot read '{item}' (expected N or N-M)")
             if dash and int(b) < int(a):
                 raise CollectiveError(f"group '{spec}': range '{item}' runs backwards")

@@ -9,6 +9,7 @@ sample params from the moment it registers.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -17,8 +18,8 @@ import torch
 from ..sim.simulator import RunResult
 from ..topology import as_machine
 
-__all__ = ["DType", "DTYPES", "dtype_of", "as_machine", "memory_bytes", "bottleneck", "tflops", "OpRun", "Param",
-           "Sample", "OpFamily", "register", "family", "families"]
+__all__ = ["DType", "DTYPES", "dtype_of", "check_pes", "as_machine", "memory_bytes", "bottleneck", "tflops", "OpRun",
+           "Param", "Sample", "OpFamily", "register", "family", "families"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,23 @@ def dtype_of(x, op: str = "kbtorch") -> DType:
         what = f"unknown dtype '{t}'" if isinstance(t, str) else f"dtype {t} is not supported"
         raise ValueError(f"{op}: {what} (supported: {', '.join(DTYPES)})")
     return found
+
+
+def check_pes(machine, pes, op: str) -> list:
+    """``pes`` as a list (None: every PE of ``machine``); ValueError naming ``op`` unless they
+    are PE ids of the machine, each once, at least one."""
+    n = len(machine.pes)
+    if pes is None:
+        return list(range(n))
+    out = list(pes)
+    for pe in out:
+        if isinstance(pe, bool) or not isinstance(pe, numbers.Integral) or not 0 <= pe < n:
+            raise ValueError(f"{op}: PE {pe!r} does not exist on topology '{machine.name}' (PEs 0..{n - 1})")
+    if not out:
+        raise ValueError(f"{op}: the PE list is empty")
+    if len(set(out)) != len(out):
+        raise ValueError(f"{op}: PE {next(p for p in out if out.count(p) > 1)} is listed twice")
+    return [int(pe) for pe in out]
 
 
 def memory_bytes(machine, result: RunResult, kind: str | None = "hbm") -> int:
@@ -216,10 +234,12 @@ class Sample:
 class OpFamily:
     """A registered op family: ``run(machine=..., **params) -> OpRun`` (timing only; call the
     family itself to have its params checked first), ``reference`` (the torch definition of
-    its numerics) and its parameters; and, as data for its conformance test: ``samples``
-    (good params), ``bad`` (params it refuses, by name), ``tolerance`` (the largest relative
-    error of ``analytic_ps`` against the simulated latency it states for its samples; None:
-    it has no estimate) and ``numeric(machine=..., **params) -> (OpRun, got, want)``: the
+    its numerics) and its parameters; ``check(machine=..., **params)`` runs the checks ``run``
+    makes before any work (shapes, PEs, groups, HBM capacity, limits) and nothing else: a sweep
+    refuses bad params with it before any point runs. As data for its conformance test:
+    ``samples`` (good params), ``bad`` (params it refuses, by name), ``tolerance`` (the largest
+    relative error of ``analytic_ps`` against the simulated latency it states for its samples;
+    None: it has no estimate) and ``numeric(machine=..., **params) -> (OpRun, got, want)``: the
     family run on seeded random data, its result and ``reference``'s (None: timing only, the
     caller computes the numbers with torch), equal within ``atol`` (absolute and relative)."""
 
@@ -233,6 +253,7 @@ class OpFamily:
     tolerance: float | None = None
     numeric: Callable | None = None
     atol: float = 0.0
+    check: Callable[..., None] | None = None
 
     def __call__(self, machine=None, **params) -> OpRun:
         """``run`` with every declared param checked first (ValueError naming the family and the param)."""

@@ -10,9 +10,10 @@ rows of D). Timing only: the numbers come from torch in the caller.
 """
 from __future__ import annotations
 
+from .. import limits
 from ..kernel import launch
 from ..sim.commands import Move
-from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, register
+from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, check_pes, dtype_of, register
 
 TILE_BYTES = 256 * 1024
 PAGE = 4096
@@ -57,17 +58,27 @@ def elementwise(op: str, n: int, *, inputs: int = 2, dtype: str = "f16", elem_by
     """Simulate ``op`` over ``n`` elements with ``inputs`` operands; its MATH cost per element
     is the machine's (``flops_per_element`` of the math engine) unless given."""
     machine = as_machine(machine)
-    if n < 1:
-        raise ValueError(f"elementwise: {n} elements")
-    group = list(range(len(machine.pes))) if pes is None else list(pes)
-    group = group[:max(1, min(len(group), n))]
-    flops = machine.math_flops(op, group[0]) if flops_per_element is None else flops_per_element
-    eb = DTYPES[dtype].bytes if elem_bytes is None else elem_bytes
+    group, flops, eb = checked(machine, op, n, inputs, dtype, elem_bytes, pes, flops_per_element)
     result = launch(elementwise_kernel, group, machine, op, n, inputs, eb, dtype, flops, out_ratio, mode=mode,
                     trace=trace, name=op)
     analytic, bound = estimate(machine, group, n, inputs, eb, dtype, flops, out_ratio)
     return OpRun(op=f"elementwise {op}", machine=machine, result=result, pes=tuple(group), dtype=dtype,
                  flops=flops * n, analytic_ps=analytic, bound_ps=bound, plan=f"{len(group)} PEs, {inputs} input(s)")
+
+
+def checked(machine, op: str, n: int, inputs: int, dtype: str, elem_bytes, pes, flops_per_element) -> tuple:
+    """The checks before any work -> (the PEs used, MATH flops per element, element bytes):
+    sizes, the op's cost on the machine, PEs and HBM capacity."""
+    for name, x in (("elements", n), ("inputs", inputs)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"elementwise {op}: {name}={x!r} must be a positive int")
+    group = check_pes(machine, pes, f"elementwise {op}")
+    group = group[:min(len(group), n)]
+    flops = machine.math_flops(op, group[0]) if flops_per_element is None else flops_per_element
+    eb = dtype_of(dtype, f"elementwise {op}").bytes if elem_bytes is None else elem_bytes
+    # NOTE: inputs and output, each split evenly over the PEs used.
+    limits.check_hbm(machine, group, (inputs + 1) * -(-n // len(group)) * eb, f"elementwise {op} of {n} elements")
+    return group, flops, eb
 
 
 def estimate(machine, group: list, n: int, inputs: int, eb: int, dtype: str, flops: int,
@@ -96,6 +107,11 @@ def reference(op: str, *inputs):
     return (getattr(torch, op, None) or getattr(torch.nn.functional, op))(*inputs)
 
 
+def _check(machine=None, op="add", n=1 << 20, inputs=2, dtype="f16", pes=None, **_) -> None:
+    """The timing-only run's checks before any work."""
+    checked(as_machine(machine), op, n, inputs, dtype, None, pes, None)
+
+
 # NOTE: tolerance: the estimate against the simulation of the samples: tiny within 20%,
 # diewide -46% (exp over 3 PEs: the queueing at the one die-wide memory is not in it). No
 # numeric: timing only, the caller (the "ahbm" device) computes the numbers with torch.
@@ -108,4 +124,4 @@ register(OpFamily("vector", lambda machine=None, op="add", n=1 << 20, **kw: elem
                            Sample(dict(op="exp", n=262144, inputs=1, pes=[0, 1, 2]))),
                   bad=(Sample(dict(op="nope", n=8), "op 'nope'"), Sample(dict(op="add", n=8, inputs=0), "inputs"),
                        Sample(dict(op="add", n=8, pes=[99]), "pes"), Sample(dict(op="add", n=8, dtype="x"), "dtype")),
-                  tolerance=0.5))
+                  tolerance=0.5, check=_check))

@@ -17,7 +17,7 @@ import torch
 from .. import limits
 from ..kernel import launch
 from ..sim.simulator import RunResult
-from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, dtype_of, register, tflops
+from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, check_pes, dtype_of, register, tflops
 from .gemm_kernel import gemm_kernel
 from .gemm_model import GemmEstimate, candidates, estimate
 from .gemm_plan import GemmTiling, check_shape, output_tiles, plan, steps
@@ -112,18 +112,10 @@ def gemm(a=None, b=None, *, shape=None, dtype=None, out_dtype=None, pes=None, ti
         dtype = dtype_of(dtype or "f16", "gemm").name
     else:
         raise ValueError("gemm: give tensors a and b, or shape=(M, N, K) for a timing-only run")
-    check_shape(m, n, k, dtype)
-    out_dtype = dtype_of(out_dtype or dtype, "gemm out_dtype").name
-    pes = list(range(len(machine.pes))) if pes is None else list(pes)
-    eb, ob = DTYPES[dtype].bytes, DTYPES[out_dtype].bytes
-    # NOTE: a lower bound of what the PEs hold: the operands spread evenly over them.
-    limits.check_hbm(machine, pes, -(-((m * k + k * n) * eb + m * n * ob) // len(pes)), f"gemm M={m} N={n} K={k} {dtype}")
+    pes, out_dtype = checked(machine, m, n, k, dtype, out_dtype, pes, tiling)
     tiling = tiling or auto_tiling(machine, m, n, k, dtype, pes, out_dtype)
-    limits.check("tiles", _tiles(m, n, k, tiling), f"gemm M={m} N={n} K={k} with {tiling.describe()}")
-    need = tiling.grid[0] * tiling.grid[1] * tiling.grid[2]
-    if need > len(pes):
-        raise ValueError(f"gemm: grid {tiling.grid} needs {need} PEs but the group has {len(pes)}")
-    used = pes[:need]
+    check_tiling(m, n, k, tiling, pes)
+    used = pes[:tiling.grid[0] * tiling.grid[1] * tiling.grid[2]]
     result = simulate(machine, m, n, k, dtype, pes, tiling, composite, mode, trace, out_dtype)
     c = numeric(a, b, pes, tiling, DTYPES[out_dtype].torch) if a is not None else None
     est = estimate(machine, m, n, k, dtype, pes, tiling, out_dtype)
@@ -131,6 +123,36 @@ def gemm(a=None, b=None, *, shape=None, dtype=None, out_dtype=None, pes=None, ti
     return GemmRun(op="gemm", machine=machine, result=result, pes=tuple(used), dtype=dtype, flops=2 * m * n * k,
                    analytic_ps=round(est.ns * 1000), bound_ps=int(est.compute_ns * 1000), plan=tiling.describe(),
                    m=m, n=n, k=k, tiling=tiling, composite=composite, analytic=est, c=c, out_dtype=out_dtype)
+
+
+def checked(machine, m, n, k, dtype, out_dtype, pes, tiling) -> tuple[list, str]:
+    """The checks before any work -> (PEs, output dtype): shape, dtypes, PEs, HBM capacity
+    and, with a given tiling, its grid and tile count."""
+    check_shape(m, n, k, dtype)
+    out_dtype = dtype_of(out_dtype or dtype, "gemm out_dtype").name
+    pes = check_pes(machine, pes, "gemm")
+    eb, ob = DTYPES[dtype].bytes, DTYPES[out_dtype].bytes
+    # NOTE: a lower bound of what the PEs hold: the operands spread evenly over them.
+    need = -(-((m * k + k * n) * eb + m * n * ob) // len(pes))
+    limits.check_hbm(machine, pes, need, f"gemm M={m} N={n} K={k} {dtype}")
+    if tiling is not None:
+        check_tiling(m, n, k, tiling, pes)
+    return pes, out_dtype
+
+
+def check_tiling(m, n, k, tiling: GemmTiling, pes: list) -> None:
+    """ValueError unless grid and tile are three positive ints each, the grid fits the PEs
+    and the problem, and the tiles stay within the limit."""
+    for name, xs in (("grid", tiling.grid), ("tile", tiling.tile)):
+        if len(xs) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in xs):
+            raise ValueError(f"gemm: {name} {list(xs)} must be three positive ints ({name[0].upper()}M, "
+                             f"{name[0].upper()}N, {name[0].upper()}K)")
+    need = tiling.grid[0] * tiling.grid[1] * tiling.grid[2]
+    if need > len(pes):
+        raise ValueError(f"gemm: grid {tiling.grid} needs {need} PEs but the group has {len(pes)}")
+    if any(g > x for g, x in zip(tiling.grid, (m, n, k))):
+        raise ValueError(f"gemm: grid {tiling.grid} is larger than the problem M={m} N={n} K={k}")
+    limits.check("tiles", _tiles(m, n, k, tiling), f"gemm M={m} N={n} K={k} with {tiling.describe()}")
 
 
 def reference(a: torch.Tensor, b: torch.Tensor, out_dtype=None) -> torch.Tensor:
@@ -144,6 +166,11 @@ def _tiling(tile, grid) -> GemmTiling | None:
     if (tile is None) != (grid is None):
         raise ValueError("gemm: give tile and grid together (or neither, for the automatic tiling)")
     return GemmTiling(tuple(grid), tuple(tile)) if tile is not None else None
+
+
+def _check(machine=None, m=1, n=1, k=1, tile=None, grid=None, dtype="f16", out_dtype=None, pes=None, **_) -> None:
+    """The timing-only run's checks before any work (``_``: params that need none)."""
+    checked(as_machine(machine), m, n, k, dtype_of(dtype, "gemm").name, out_dtype, pes, _tiling(tile, grid))
 
 
 def _timing(machine=None, m=1, n=1, k=1, tile=None, grid=None, **kw) -> GemmRun:
@@ -182,4 +209,4 @@ register(OpFamily("gemm", _timing,
                        Sample(dict(m=8, n=8, k=8, pes=[99]), "pes"),
                        Sample(dict(m=8, n=8, k=8, tile=(8, 8, 8)), "grid"),
                        Sample(dict(m=64, n=64, k=64, grid=(4, 4, 4), tile=(16, 16, 16)), "grid")),
-                  tolerance=0.5, numeric=_numeric, atol=1e-2))
+                  tolerance=0.5, numeric=_numeric, atol=1e-2, check=_check))

@@ -11,6 +11,8 @@ import json
 import logging
 import math
 import os
+import re
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -22,6 +24,8 @@ from .workloads import add_paths, run_point
 
 __all__ = ["SweepResult", "execute", "default_store", "chunks_of"]
 
+#: Seconds to wait for a ``--scheduler`` address to answer.
+SCHEDULER_TIMEOUT_S = 3.0
 #: Points a chunk holds at most (with fewer points, chunks shrink so every worker gets ~8:
 #: the last chunks to finish decide how well the workers balance).
 CHUNK_MAX = 8
@@ -82,6 +86,8 @@ def execute(spec_or_path, *, workers: int | None = None, scheduler: str | None =
     workers = workers or os.cpu_count() or 1
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
+    if scheduler is not None:
+        probe_scheduler(scheduler)
     db = Store(store or default_store(spec))
     t0 = time.perf_counter()
     try:
@@ -101,6 +107,25 @@ def execute(spec_or_path, *, workers: int | None = None, scheduler: str | None =
     finally:
         db.close()
     return SweepResult(spec, db.path, rows, len(todo), time.perf_counter() - t0)
+
+
+def probe_scheduler(address: str, timeout_s: float = SCHEDULER_TIMEOUT_S) -> None:
+    """ValueError naming ``address`` unless a TCP connection to it opens within ``timeout_s``
+    (before the store is opened or any point is run)."""
+    if not isinstance(address, str):
+        raise ValueError(f"argument --scheduler: expected an address like tcp://host:8786, got {address!r}")
+    scheme, sep, _ = address.strip().partition("://")
+    if sep and scheme not in ("tcp", "tls", "ws", "wss"):
+        return          # NOTE: other transports (inproc, ucx) are Dask's to reach, with the client's timeout
+    m = re.fullmatch(r"(?:\w+://)?\[?([^\[\]/]+?)\]?:(\d{1,5})/?", address.strip())
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        raise ValueError(f"argument --scheduler: '{address}' is not a Dask scheduler address like tcp://host:8786")
+    try:
+        socket.create_connection((m.group(1), int(m.group(2))), timeout=timeout_s).close()
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        raise ValueError(f"argument --scheduler: cannot reach the Dask scheduler at '{address}' "
+                         f"within {timeout_s:g} s: {why}") from None
 
 
 def _bar(total: int, initial: int, enabled: bool):
@@ -125,7 +150,7 @@ def _results(chunks: list, paths: list, workers: int, scheduler: str | None):
     with dask.config.set({"distributed.worker.multiprocessing-method": "fork"}):
         cluster = None if scheduler else LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                                        dashboard_address=None, silence_logs=logging.ERROR)
-    client = Client(scheduler or cluster)
+    client = Client(scheduler, timeout=f"{3 * SCHEDULER_TIMEOUT_S:g}s") if scheduler else Client(cluster)
     try:
         futures = {client.submit(run_chunk, [p for _, p in c], paths, pure=False): c for c in chunks}
         for fut in as_completed(futures):

@@ -87,6 +87,15 @@ class AhbmTensor(torch.Tensor):
     def full_tensor(self) -> torch.Tensor:
         return full_tensor(self)
 
+    def tolist(self):
+        """The values as Python numbers (nested lists), copied to the host as ``.cpu()`` does."""
+        return self.cpu().tolist()
+
+    def numpy(self, *, force: bool = False):
+        """Refused, as for any device tensor: a NumPy array would alias host memory."""
+        raise TypeError(f"can't convert {DEVICE}:0 device type tensor to numpy. "
+                        "Use Tensor.cpu() to copy the tensor to host memory first.")
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         """The fused functions of ``WHOLE`` (SDPA, the norms) are forwarded whole to

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from .errors import TopologyError
+from .errors import TopologyError, did_you_mean
 from .facts import MachineFacts
 from .launch import Launch, segments
 from .loader import load_raw
@@ -205,7 +205,8 @@ def topology_path(name_or_path: str) -> str:
         if candidate.exists():
             return str(candidate)
     known = sorted(p.stem for d in dirs if Path(d).is_dir() for p in Path(d).glob("*.toml"))
-    raise TopologyError(name_or_path, "name", f"unknown topology (known: {', '.join(known)})")
+    raise TopologyError(name_or_path, "name",
+                        f"unknown topology (known: {', '.join(known)}){did_you_mean(name_or_path.strip(), known)}")
 
 
 @functools.lru_cache(maxsize=16)
