@@ -86,22 +86,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); -> exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser().parse_args(argv)
         machine = load_machine(getattr(args, "name", None) or getattr(args, "topology", "ahbm")) \
             if getattr(args, "needs_machine", True) else None
         data, text = args.func(args, machine)
     except (UsageError, ValueError, TypeError, KeyError, RuntimeError, OSError) as exc:
-        print(f"kbtorch: error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}", file=sys.stderr)
-        return 2
-    except MemoryError:
-        print("kbtorch: error: out of memory (the input asks for more than this machine holds)", file=sys.stderr)
-        return 2
+        return fail(exc, "--json" in argv, exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    except MemoryError as exc:
+        return fail(exc, "--json" in argv, "out of memory (the input asks for more than this machine holds)")
+    except KeyboardInterrupt as exc:
+        return fail(exc, "--json" in argv, str(exc) or "interrupted", status=130)
     try:
         print(json.dumps(_finite(data)) if getattr(args, "json", False) else text, flush=True)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def fail(exc: BaseException, as_json: bool, message, status: int = 2, prog: str = "kbtorch") -> int:
+    """Report an error as every command does: ``PROG: error: MESSAGE`` on stderr (one line of
+    text, no traceback) and, under ``--json``, one object ``{"error": true, "kind", "message"}``
+    on stdout -> the exit status (2: bad input; 130: interrupted)."""
+    message = str(message)
+    word = "interrupted" if status == 130 else "error"
+    print(f"{prog}: {word}: {message}", file=sys.stderr, flush=True)
+    if as_json:
+        kind = "UsageError" if isinstance(exc, (UsageError, argparse.ArgumentError)) else type(exc).__name__
+        print(json.dumps({"error": True, "kind": kind, "message": message}), flush=True)
+    return status
 
 
 def _finite(x):

@@ -11,8 +11,15 @@ import os
 LIMITS = {
     "tiles": ("KBTORCH_MAX_TILES", 1_000_000),          # GEMM macro-tiles (K steps included)
     "messages": ("KBTORCH_MAX_MESSAGES", 1_000_000),    # messages of one traffic run
-    "flits": ("KBTORCH_MAX_FLITS", 1 << 32),            # flits of one traffic run
+    "flits": ("KBTORCH_MAX_FLITS", 1 << 32),            # flits of one flit-mode run (every message)
+    # NOTE: not KBTORCH_MAX_ELEMENTS, which bounds a topology's nodes + links (topology/size.py).
+    "elements": ("KBTORCH_MAX_TENSOR_ELEMENTS", 1 << 28),  # elements of one host tensor an input asks for
+    "point_s": ("KBTORCH_MAX_POINT_S", 3600),           # wall seconds of one sweep point
+    "point_bytes": ("KBTORCH_MAX_POINT_BYTES", 8 << 30),  # address space one sweep point may add
 }
+#: Limits that decide a run's result (a sweep point's key holds their values); the per-point
+#: wall time and memory only decide whether it finishes (``--retry-failed`` runs it again).
+RESULT_LIMITS = ("tiles", "messages", "flits", "elements")
 
 
 def limit(name: str) -> int:
@@ -21,9 +28,17 @@ def limit(name: str) -> int:
     if text is None:
         return default
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise ValueError(f"${env}={text!r} is not an integer") from None
+    if value < 1:
+        raise ValueError(f"${env}={text!r} must be a positive integer")
+    return value
+
+
+def in_force() -> dict:
+    """``{environment variable: value}`` of the limits that decide a run's result."""
+    return {LIMITS[name][0]: limit(name) for name in RESULT_LIMITS}
 
 
 def check(name: str, value: int, what: str) -> None:
