@@ -173,6 +173,8 @@ def _transfer_text(machine, data: dict, result) -> str:
 def _cmd_transfer(args, machine):
     n = len(machine.pes)
     src, dst = _pe_arg(args.src, n, "--src"), _pe_arg(args.dst, n, "--dst")
+    if args.flit_exact:
+        limits.check("flits", -(-args.bytes // machine.flit_bytes), "argument --bytes with --flit-exact")
     data, result = _transfer(machine, src, dst, args.bytes, "flit" if args.flit_exact else "fast", bool(args.trace))
     _write_trace(args, result)
     return data, _transfer_text(machine, data, result)

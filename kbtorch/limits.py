@@ -11,7 +11,8 @@ import os
 LIMITS = {
     "tiles": ("KBTORCH_MAX_TILES", 1_000_000),          # GEMM macro-tiles (K steps included)
     "messages": ("KBTORCH_MAX_MESSAGES", 1_000_000),    # messages of one traffic run
-    "flits": ("KBTORCH_MAX_FLITS", 1 << 32),            # flits of one flit-mode run (every message)
+    # NOTE: 4 Mi flits (1 GiB at 256 B flits) take ~2.7 GB and ~9 min in flit-exact mode.
+    "flits": ("KBTORCH_MAX_FLITS", 1 << 22),            # flits of one traffic run, or of any flit-exact run
     # NOTE: not KBTORCH_MAX_ELEMENTS, which bounds a topology's nodes + links (topology/size.py).
     "elements": ("KBTORCH_MAX_TENSOR_ELEMENTS", 1 << 28),  # elements of one host tensor an input asks for
     "point_s": ("KBTORCH_MAX_POINT_S", 3600),           # wall seconds of one sweep point
