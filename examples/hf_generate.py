@@ -20,7 +20,6 @@ per-op profile.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -32,14 +31,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kbtorch  # noqa: E402
+from kbtorch import limits  # noqa: E402
+from kbtorch.cli import ArgumentParser, run_script  # noqa: E402
 from kbtorch.profiler import clock_ns  # noqa: E402
-from models.hf import CONFIGS, build, fuse_norms, place_tp  # noqa: E402
+from models.hf import CONFIGS, build, config, fuse_norms, place_tp  # noqa: E402
 
 TINY = {"tiny": "tiny-qwen2", "tiny-llama": "tiny-llama", "tiny-mistral": "tiny-mistral", "tiny-mixtral": "tiny-mixtral"}
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=(*CONFIGS, *TINY), default="qwen2.5-7b")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=8)
@@ -60,8 +61,23 @@ def parse(argv):
         ap.error("--check needs data (a tiny model without --timing-only)")
     for name in ("prompt_len", "new_tokens", "batch"):
         if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be positive")
+            ap.error(f"argument --{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
+    bound(args)
     return args
+
+
+def bound(args) -> None:
+    """Refuse sizes the model or the host cannot hold, before anything is built: positions
+    against the model's ``max_position_embeddings``, the hidden states of the whole batch
+    against ``KBTORCH_MAX_TENSOR_ELEMENTS``."""
+    _, cfg = config(TINY.get(args.model, args.model))
+    positions = args.prompt_len + args.new_tokens
+    if positions > cfg.max_position_embeddings:
+        raise ValueError(f"arguments --prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} = {positions} "
+                         f"positions exceed {args.model}'s max_position_embeddings of {cfg.max_position_embeddings}")
+    limits.check("elements", args.batch * positions * cfg.hidden_size,
+                 f"arguments --batch {args.batch} x {positions} positions x hidden size {cfg.hidden_size} "
+                 f"of {args.model}")
 
 
 class StepClock:
@@ -150,7 +166,11 @@ def report(args, prof, clock, out, expect, model, wall: float) -> dict:
 def main(argv=None) -> int:
     args = parse(argv)
     if args.topology:
-        kbtorch.use(args.topology)
+        try:
+            kbtorch.use(args.topology)
+        except ValueError as exc:
+            raise ValueError(f"argument --topology: {exc}") from None
+    kbtorch.current_machine()       # NOTE: a bad --topology or $KBTORCH_TOPOLOGY is refused before the model is built
     t0 = time.perf_counter()
     prof, clock, out, expect, model = run(args)
     rec = report(args, prof, clock, out, expect, model, time.perf_counter() - t0)
@@ -175,4 +195,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -9,19 +9,19 @@ torch on CPU and prints each op's simulated latency and throughput.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import torch
 
 import kbtorch
+from kbtorch.cli import ArgumentParser, run_script
 
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, default=1024)
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--k", type=int, default=1024)
@@ -64,4 +64,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -9,7 +9,6 @@ torch, moved to ahbm with ``module.to("ahbm")`` (parameters keep their identity)
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 import kbtorch
+from kbtorch.cli import ArgumentParser, run_script
 
 
 class SwiGLU(nn.Module):
@@ -31,7 +31,7 @@ class SwiGLU(nn.Module):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--intermediate", type=int, default=1536)
@@ -76,4 +76,4 @@ def _run_and_check(args):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

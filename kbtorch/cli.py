@@ -38,6 +38,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+#: The parser of kbtorch's command line and example scripts: a bad argument raises UsageError.
+ArgumentParser = _Parser
+#: What a command or a script reports as an error (one line, exit 2) rather than a traceback.
+REPORTED = (UsageError, ValueError, TypeError, KeyError, RuntimeError, OSError)
+
+
 def _common() -> argparse.ArgumentParser:
     """Options every command accepts; SUPPRESS keeps a subcommand from resetting them."""
     p = argparse.ArgumentParser(add_help=False)
@@ -92,17 +98,32 @@ def main(argv=None) -> int:
         machine = load_machine(getattr(args, "name", None) or getattr(args, "topology", "ahbm")) \
             if getattr(args, "needs_machine", True) else None
         data, text = args.func(args, machine)
-    except (UsageError, ValueError, TypeError, KeyError, RuntimeError, OSError) as exc:
-        return fail(exc, "--json" in argv, exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
-    except MemoryError as exc:
-        return fail(exc, "--json" in argv, "out of memory (the input asks for more than this machine holds)")
-    except KeyboardInterrupt as exc:
-        return fail(exc, "--json" in argv, str(exc) or "interrupted", status=130)
+    except (*REPORTED, MemoryError, KeyboardInterrupt) as exc:
+        return report(exc, "--json" in argv)
     try:
         print(json.dumps(_finite(data)) if getattr(args, "json", False) else text, flush=True)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def report(exc: BaseException, as_json: bool, prog: str = "kbtorch") -> int:
+    """The exit status of a command or script that raised ``exc``, reported by :func:`fail`."""
+    if isinstance(exc, KeyboardInterrupt):
+        return fail(exc, as_json, str(exc) or "interrupted", 130, prog)
+    if isinstance(exc, MemoryError) and not str(exc):
+        return fail(exc, as_json, "out of memory (the input asks for more than this machine holds)", 2, prog)
+    return fail(exc, as_json, exc.args[0] if isinstance(exc, KeyError) and exc.args else exc, 2, prog)
+
+
+def run_script(main, argv=None, prog: str | None = None) -> int:
+    """Run an example script's ``main(argv)``; a bad input or a fault is reported as the
+    command line does (one line on stderr, one JSON object under ``--json``, exit 2)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return main(argv) or 0
+    except (*REPORTED, MemoryError, KeyboardInterrupt) as exc:
+        return report(exc, "--json" in argv, prog or os.path.basename(sys.argv[0]) or "kbtorch")
 
 
 def fail(exc: BaseException, as_json: bool, message, status: int = 2, prog: str = "kbtorch") -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import os
 
+from .errors import TopologyError
 from .machine import Machine, load_machine
 
 ENV = "KBTORCH_TOPOLOGY"
@@ -40,7 +41,13 @@ def current_machine() -> Machine:
         return scoped
     if _PROCESS[0] is not None:
         return _PROCESS[0]
-    return load_machine(os.environ.get(ENV) or DEFAULT)
+    name = os.environ.get(ENV)
+    if not name:
+        return load_machine(DEFAULT)
+    try:
+        return load_machine(name)
+    except TopologyError as exc:
+        raise TopologyError(exc.path, exc.entry, f"{exc.message} (named by ${ENV})") from None
 
 
 class use:
