@@ -80,7 +80,7 @@ class SweepInterrupted(KeyboardInterrupt):
     """Ctrl-C during a sweep: the finished chunks are stored; running it again resumes."""
 
     def __init__(self, store: str, stored: int, left: int):
-        super().__init__(f"interrupted: {stored} point(s) of this run stored in '{store}', {left} left; "
+        super().__init__(f"{stored} point(s) of this run stored in '{store}', {left} left; "
                          f"run the sweep again to resume")
 
 
@@ -132,9 +132,10 @@ def execute(spec_or_path, *, workers: int | None = None, scheduler: str | None =
     keyed, docs = keyed_points(spec)
     db = Store(default_store(spec) if store is None else store, spec.path)
     t0 = time.perf_counter()
-    ran, todo, unique = 0, [], len({k for k, _ in keyed})
+    ran, todo, unique, damaged = 0, [], len({k for k, _ in keyed}), ()
     try:
         done = db.keys(retry_failed)
+        damaged = tuple(db.damaged)
         todo = list({k: p for k, p in keyed if k not in done}.items())
         todo.sort(key=lambda kp: (kp[1].topology, json.dumps(kp[1].overrides)))
         failed = 0
@@ -152,8 +153,7 @@ def execute(spec_or_path, *, workers: int | None = None, scheduler: str | None =
         raise SweepInterrupted(db.path, ran, len(todo) - ran) from None
     finally:
         db.close()
-    return SweepResult(spec, db.path, rows, len(todo), time.perf_counter() - t0, unique - len(todo),
-                       tuple(db.damaged))
+    return SweepResult(spec, db.path, rows, len(todo), time.perf_counter() - t0, unique - len(todo), damaged)
 
 
 def _bar(total: int, initial: int, enabled: bool):

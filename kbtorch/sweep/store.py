@@ -139,9 +139,7 @@ class Store:
 
     def _prepare(self) -> None:
         try:
-            self.db.execute("PRAGMA journal_mode=WAL")
-            # NOTE: FULL makes every commit durable on power loss too; a kill -9 alone only needs WAL.
-            self.db.execute("PRAGMA synchronous=FULL")
+            # NOTE: read-only checks first: a store refused is left byte for byte as it was.
             ok = self.db.execute("PRAGMA quick_check").fetchone()[0]
             if ok != "ok":
                 raise StoreError(self.path, f"is damaged ({ok}): move it away or give another --store")
@@ -149,6 +147,9 @@ class Store:
             if cols and cols != COLUMNS:
                 raise StoreError(self.path, f"has a 'points' table of another program (columns {', '.join(cols)}; "
                                             f"a sweep store has {', '.join(COLUMNS)}): give another --store")
+            self.db.execute("PRAGMA journal_mode=WAL")
+            # NOTE: FULL makes every commit durable on power loss too; a kill -9 alone only needs WAL.
+            self.db.execute("PRAGMA synchronous=FULL")
             with self.db:
                 # NOTE: takes the write lock at once, so a lock held elsewhere is found now.
                 self.db.execute("BEGIN IMMEDIATE")
