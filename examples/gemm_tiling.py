@@ -139,7 +139,7 @@ def main(argv=None) -> None:
         parser.error(f"argument --seq: invalid S list '{args.seq}' (expected e.g. 1,128,2048)")
     if not seq or min(seq) < 1:
         parser.error("argument --seq: S values must be positive")
-    tilings = args.tilings or (1 if args.quick else 2)
+    tilings = args.tilings if args.tilings is not None else (1 if args.quick else 2)
     if tilings < 1:
         parser.error("argument --tilings: must be at least 1")
     machine = load_machine("ahbm")

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import kbtorch
+from kbtorch import limits
 from kbtorch.cli import ArgumentParser, run_script
 
 
@@ -39,6 +40,13 @@ def main(argv=None) -> int:
     ap.add_argument("--timing-only", action="store_true", help="no data: full sizes in bounded memory, no check")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    for name in ("tokens", "hidden", "intermediate"):
+        if getattr(args, name) < 1:
+            ap.error(f"argument --{name}: must be positive, got {getattr(args, name)}")
+    if not args.timing_only:
+        limits.check("elements", max(args.tokens, args.hidden) * args.intermediate,
+                     f"arguments --tokens {args.tokens} --hidden {args.hidden} --intermediate {args.intermediate} "
+                     f"with data (--timing-only runs any size)")
     torch.manual_seed(0)
     if args.timing_only:
         with kbtorch.timing_only(), torch.no_grad():

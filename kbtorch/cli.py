@@ -94,6 +94,7 @@ def main(argv=None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); -> exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        limits.check_environment()
         args = build_parser().parse_args(argv)
         machine = load_machine(getattr(args, "name", None) or getattr(args, "topology", "ahbm")) \
             if getattr(args, "needs_machine", True) else None
@@ -121,6 +122,7 @@ def run_script(main, argv=None, prog: str | None = None) -> int:
     command line does (one line on stderr, one JSON object under ``--json``, exit 2)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        limits.check_environment()
         return main(argv) or 0
     except (*REPORTED, MemoryError, KeyboardInterrupt) as exc:
         return report(exc, "--json" in argv, prog or os.path.basename(sys.argv[0]) or "kbtorch")

@@ -37,6 +37,13 @@ def limit(name: str) -> int:
     return value
 
 
+def check_environment() -> None:
+    """ValueError naming the first ``KBTORCH_MAX_*`` variable that is not a positive integer
+    (a command or script checks them all before any work)."""
+    for name in LIMITS:
+        limit(name)
+
+
 def in_force() -> dict:
     """``{environment variable: value}`` of the limits that decide a run's result."""
     return {LIMITS[name][0]: limit(name) for name in RESULT_LIMITS}
