@@ -111,7 +111,7 @@ def main(argv=None) -> int:
 def report(exc: BaseException, as_json: bool, prog: str = "kbtorch") -> int:
     """The exit status of a command or script that raised ``exc``, reported by :func:`fail`."""
     if isinstance(exc, KeyboardInterrupt):
-        return fail(exc, as_json, str(exc) or "interrupted", 130, prog)
+        return fail(exc, as_json, str(exc) or "stopped by Ctrl-C", 130, prog)
     if isinstance(exc, MemoryError) and not str(exc):
         return fail(exc, as_json, "out of memory (the input asks for more than this machine holds)", 2, prog)
     return fail(exc, as_json, exc.args[0] if isinstance(exc, KeyError) and exc.args else exc, 2, prog)

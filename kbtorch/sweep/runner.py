@@ -14,11 +14,14 @@ wall time and memory limits (``guard``).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,7 +178,7 @@ def _results(chunks: list, paths: list, docs: dict, workers: int, scheduler: str
     # already: a cluster starts in about a second instead of the ~9 s of spawned workers
     # importing torch. The driver runs no torch kernels before the fork (timing-only points
     # run in the workers), so no thread pool is forked half-initialised.
-    with dask.config.set({"distributed.worker.multiprocessing-method": "fork"}):
+    with dask.config.set({"distributed.worker.multiprocessing-method": "fork"}), _workers_ignore_ctrl_c():
         cluster = None if scheduler else LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                                        dashboard_address=None, silence_logs=logging.ERROR)
     client = Client(scheduler or cluster)
@@ -188,6 +191,21 @@ def _results(chunks: list, paths: list, docs: dict, workers: int, scheduler: str
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+@contextlib.contextmanager
+def _workers_ignore_ctrl_c():
+    """Worker processes forked inside this block ignore SIGINT: a Ctrl-C (sent to the whole
+    process group) stops the driver alone, which stores what finished and closes the cluster,
+    instead of every worker printing its own traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _docs_of(chunk: list, docs: dict) -> dict:
