@@ -170,8 +170,11 @@ def run_point(point, machine=None, seconds: float | None = None, nbytes: int | N
         row = {"error": f"SystemExit: the workload called sys.exit({exc.code!r})"}
     except MemoryError as exc:
         limit = f"its memory limit of {nbytes} bytes (KBTORCH_MAX_POINT_BYTES or --point-memory)" if nbytes else ""
-        row = {"error": f"MemoryError: {exc or 'out of memory'}{'; the point needed more than ' + limit if limit else ''}"}
-    except (Exception, PointTimeout) as exc:  # noqa: BLE001 - NOTE: a failing point is recorded, the sweep goes on
+        row = {"error": f"MemoryError: {str(exc) or 'out of memory'}{'; the point needed more than ' + limit if limit else ''}"}
+    except PointTimeout:
+        row = {"error": f"PointTimeout: the point ran longer than its time limit of {seconds:g} s "
+                        f"(KBTORCH_MAX_POINT_S or --point-timeout)"}
+    except Exception as exc:  # noqa: BLE001 - NOTE: a failing point is recorded, the sweep goes on
         row = {"error": f"{type(exc).__name__}: {exc}"}
     row["wall_s"] = time.perf_counter() - t0
     return row
