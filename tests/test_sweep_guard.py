@@ -72,3 +72,19 @@ def test_point_memory_limit(tmp_path, capsys):
     assert data["points"] == 2 and len(data["failed"]) == 1
     assert data["failed"][0]["error"] == ("MemoryError: out of memory; the point needed more than its memory limit of "
                                           "268435456 bytes (KBTORCH_MAX_POINT_BYTES or --point-memory)")
+
+
+def test_dask_sweep_stuck_in_c_code_stops(tmp_path, capsys, monkeypatch):
+    """A sleep in a Dask worker thread is out of the watchdog's reach: the driver stops the
+    sweep as stalled (one line, exit 2) with the finished points stored, instead of hanging."""
+    from kbtorch.sweep import runner
+    monkeypatch.setattr(runner, "STALL_GRACE_S", 3.0)
+    pytest.importorskip("pandas")
+    (tmp_path / "guard_helper.py").write_text(HELPER)
+    spec = tmp_path / "study.toml"
+    spec.write_text(f'[sweep]\ntopology = "{TINY}"\n[workloads.h]\nfn = "guard_helper:sleeps"\n')
+    t0 = time.perf_counter()
+    assert main(["sweep", str(spec), "--workers", "2", "--point-timeout", "0.5", "--json"]) == 2
+    assert time.perf_counter() - t0 < 45
+    data = json.loads(capsys.readouterr().out)
+    assert data["kind"] == "SweepStalled" and data["message"].startswith("no point finished in 3.5 s")

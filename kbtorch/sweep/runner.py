@@ -35,8 +35,11 @@ from .spec import Spec, load_spec
 from .store import Store, point_key
 from .workloads import add_paths, run_point
 
-__all__ = ["SweepResult", "SweepInterrupted", "execute", "default_store", "chunks_of", "keyed_points"]
+__all__ = ["SweepResult", "SweepInterrupted", "SweepStalled", "execute", "default_store", "chunks_of", "keyed_points"]
 
+#: Seconds a Dask sweep waits past a chunk's time limit for any chunk to finish, before it
+#: stops as stalled (a worker stuck where the per-point limit cannot interrupt it).
+STALL_GRACE_S = 60.0
 #: Points a chunk holds at most (with fewer points, chunks shrink so every worker gets ~8:
 #: the last chunks to finish decide how well the workers balance).
 CHUNK_MAX = 8
@@ -85,6 +88,15 @@ class SweepInterrupted(KeyboardInterrupt):
     def __init__(self, store: str, stored: int, left: int):
         super().__init__(f"{stored} point(s) of this run stored in '{store}', {left} left; "
                          f"run the sweep again to resume")
+
+
+class SweepStalled(RuntimeError):
+    """No chunk of a Dask sweep finished within its time limit (a worker is stuck)."""
+
+    def __init__(self, stall_s: float):
+        super().__init__(f"no point finished in {stall_s:g} s: a worker is stuck in a call that does not return "
+                         f"to Python, where the per-point time limit cannot stop it; the finished points are "
+                         f"stored, run the sweep again to resume (the stuck point runs again)")
 
 
 def chunks_of(items: list, workers: int) -> list:
@@ -173,7 +185,7 @@ def _results(chunks: list, paths: list, docs: dict, workers: int, scheduler: str
             yield chunk, run_chunk([p for _, p in chunk], paths, docs, seconds, nbytes)
         return
     import dask
-    from distributed import Client, LocalCluster, as_completed
+    from distributed import Client, LocalCluster, wait
     # NOTE: local workers are forked from this process, which has kbtorch and torch imported
     # already: a cluster starts in about a second instead of the ~9 s of spawned workers
     # importing torch. The driver runs no torch kernels before the fork (timing-only points
@@ -185,8 +197,20 @@ def _results(chunks: list, paths: list, docs: dict, workers: int, scheduler: str
     try:
         futures = {client.submit(run_chunk, [p for _, p in c], paths, _docs_of(c, docs), seconds, nbytes,
                                  pure=False): c for c in chunks}
-        for fut in as_completed(futures):
-            yield futures[fut], fut.result()
+        # NOTE: a worker stuck in a call that never returns to Python (where the per-point
+        # limit cannot reach it) must not hang the sweep: if no chunk finishes within a whole
+        # chunk's time limit plus STALL_GRACE_S, the sweep stops with what finished stored.
+        stall_s = max(map(len, chunks)) * seconds + STALL_GRACE_S if seconds else None
+        pending = set(futures)
+        while pending:
+            try:
+                done, pending = wait(pending, timeout=stall_s, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                done = ()
+            if not done:
+                raise SweepStalled(stall_s)
+            for fut in done:
+                yield futures[fut], fut.result()
     finally:
         client.close()
         if cluster is not None:
