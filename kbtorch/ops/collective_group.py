@@ -84,8 +84,6 @@ def resolve_group(machine, spec) -> tuple:
 
 def _level_group(machine, spec: str) -> tuple:
     name, colon, index = spec.partition(":")
-    if colon and not (index.isascii() and index.isdigit()):
-        raise CollectiveError(f"group '{spec}': expected an instance number after ':' (e.g. {name}:0)")
     known = []
     for lv, _ in _levels(machine.pes[0]):
         if lv not in known:
@@ -99,6 +97,9 @@ def _level_group(machine, spec: str) -> tuple:
         key = tuple(part for _, part in _levels(pe)[:depth])
         instances.setdefault(key, []).append(pe.id)
     keys = list(instances)
+    if colon and not (index.isascii() and index.isdigit()):
+        raise CollectiveError(f"group '{spec}': expected an instance number after ':' "
+                              f"('{name}' has instances 0..{len(keys) - 1})")
     k = int(index) if index else 0
     if k >= len(keys):
         raise CollectiveError(f"group '{spec}': '{name}' has instances 0..{len(keys) - 1}")
