@@ -96,10 +96,9 @@ def test_truncated_store(tmp_path, never_spec):
     data = store.read_bytes()
     cut = tmp_path / "cut.sqlite"
     cut.write_bytes(data[:len(data) // 3] if len(data) > 4096 else data[:100])
-    with pytest.raises(StoreError) as err:
-        sweep.run(never_spec, workers=1, store=str(cut), progress=False)
-    assert f"store '{cut}'" in str(err.value)
-    assert "damaged" in str(err.value) or "not an SQLite database" in str(err.value)
+    _refused(never_spec, str(cut), "is damaged (database disk image is malformed): move it away")
+    cut.write_bytes(data[:10])                  # cut inside the header
+    _refused(never_spec, str(cut), "is not an SQLite database (a garbage or truncated file)")
 
 
 def test_garbage_store(tmp_path, never_spec):
