@@ -107,6 +107,17 @@ def test_limits_in_force_are_in_the_key(tmp_path, capsys, monkeypatch):
     assert free["ran"] == 1 and free["failed"] == [] and free["rows"][0]["latency_ns"] > 0
 
 
+def test_version_is_in_the_key(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("pandas")
+    from kbtorch.sweep import store
+    spec = _spec(tmp_path, '[workloads.f]\nfn = "results_helper:flaky"\n')
+    rc, first = _sweep(capsys, spec)
+    assert first["ran"] == 1 and store.kbtorch_version() != "unknown"
+    monkeypatch.setattr(store, "kbtorch_version", lambda: "99.0")
+    rc, newer = _sweep(capsys, spec)
+    assert newer["ran"] == 1 and newer["reused"] == 0
+
+
 def test_garbage_limit_refused_before_any_point(tmp_path, capsys, monkeypatch):
     pytest.importorskip("pandas")
     spec = _spec(tmp_path, GEMM)

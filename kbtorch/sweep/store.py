@@ -23,6 +23,7 @@ import re
 import sqlite3
 import stat
 import time
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
@@ -53,9 +54,15 @@ class StoreError(ValueError):
 
 
 def kbtorch_version() -> str:
+    """The installed version, else (run from a checkout) the version of its pyproject.toml."""
     try:
         return metadata.version("kbtorch")
     except metadata.PackageNotFoundError:
+        pass
+    try:
+        with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as fh:
+            return str(tomllib.load(fh)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
         return "unknown"
 
 
