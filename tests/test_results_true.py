@@ -25,8 +25,8 @@ import os
 import sys
 
 
-def flaky(machine, n=1):
-    if os.path.exists(os.path.join(os.path.dirname(__file__), "fail.flag")):
+def flaky(machine, n=1, flag=""):
+    if flag and os.path.exists(flag):
         raise RuntimeError(f"flag set for {n}")
     return {"latency_ns": float(n)}
 
@@ -132,7 +132,8 @@ def test_garbage_limit_refused_before_any_point(tmp_path, capsys, monkeypatch):
 
 def test_retry_failed(tmp_path, capsys):
     pytest.importorskip("pandas")
-    spec = _spec(tmp_path, '[workloads.f]\nfn = "results_helper:flaky"\nn = [1, 2]\n')
+    # NOTE: the flag is a param: every test's helper module is imported once, as the first test's.
+    spec = _spec(tmp_path, f'[workloads.f]\nfn = "results_helper:flaky"\nn = [1, 2]\nflag = "{tmp_path / "fail.flag"}"\n')
     (tmp_path / "fail.flag").write_text("")
     rc, first = _sweep(capsys, spec)
     assert len(first["failed"]) == 2
