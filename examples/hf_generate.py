@@ -20,7 +20,6 @@ per-op profile.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -29,14 +28,16 @@ from contextlib import nullcontext
 import torch
 
 import kbtorch
+from kbtorch import limits
+from kbtorch.cli import ArgumentParser, run_script
+from kbtorch.models.hf import CONFIGS, build, config, fuse_norms, place_tp
 from kbtorch.tensor.stream import clock_ns
-from kbtorch.models.hf import CONFIGS, build, fuse_norms, place_tp
 
 TINY = {"tiny": "tiny-qwen2", "tiny-llama": "tiny-llama", "tiny-mistral": "tiny-mistral", "tiny-mixtral": "tiny-mixtral"}
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=(*CONFIGS, *TINY), default="qwen2.5-7b")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=8)
@@ -57,8 +58,23 @@ def parse(argv):
         ap.error("--check needs data (a tiny model without --timing-only)")
     for name in ("prompt_len", "new_tokens", "batch"):
         if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be positive")
+            ap.error(f"argument --{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
+    bound(args)
     return args
+
+
+def bound(args) -> None:
+    """Refuse sizes the model or the host cannot hold, before anything is built: positions
+    against the model's ``max_position_embeddings``, the hidden states of the whole batch
+    against ``KBTORCH_MAX_TENSOR_ELEMENTS``."""
+    _, cfg = config(TINY.get(args.model, args.model))
+    positions = args.prompt_len + args.new_tokens
+    if positions > cfg.max_position_embeddings:
+        raise ValueError(f"arguments --prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} = {positions} "
+                         f"positions exceed {args.model}'s max_position_embeddings of {cfg.max_position_embeddings}")
+    limits.check("elements", args.batch * positions * cfg.hidden_size,
+                 f"arguments --batch {args.batch} x {positions} positions x hidden size {cfg.hidden_size} "
+                 f"of {args.model}")
 
 
 class StepClock:
@@ -147,7 +163,11 @@ def report(args, prof, clock, out, expect, model, wall: float) -> dict:
 def main(argv=None) -> int:
     args = parse(argv)
     if args.topology:
-        kbtorch.use(args.topology)
+        try:
+            kbtorch.use(args.topology)
+        except ValueError as exc:
+            raise ValueError(f"argument --topology: {exc}") from None
+    kbtorch.current_machine()       # NOTE: a bad --topology or $KBTORCH_TOPOLOGY is refused before the model is built
     t0 = time.perf_counter()
     prof, clock, out, expect, model = run(args)
     rec = report(args, prof, clock, out, expect, model, time.perf_counter() - t0)
@@ -172,4 +192,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -6,10 +6,12 @@ extra (``pip install -e ".[sweep]"``); its modules are imported only when the co
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
+import sys
 
-from .cli_common import _positive_int
+from .cli_common import _byte_count, _positive_int
 
 EXPORTS = ("csv", "parquet", "md")
 #: Columns of the text table (the figures; ns_<kind> columns are in the exports).
@@ -25,7 +27,22 @@ def add_parser(sub, common) -> None:
     p.add_argument("--store", metavar="PATH", help="results database (default: SPEC.sqlite beside the spec)")
     p.add_argument("--export", nargs=2, metavar=("csv|parquet|md", "PATH"), help="write every point's row to PATH")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
+    p.add_argument("--retry-failed", action="store_true", help="run the points stored as failed again")
+    p.add_argument("--point-timeout", type=_seconds, metavar="S",
+                   help="wall seconds a point may run (default $KBTORCH_MAX_POINT_S or 3600)")
+    p.add_argument("--point-memory", type=_byte_count, metavar="BYTES",
+                   help="memory a point may take, e.g. 4GiB (default $KBTORCH_MAX_POINT_BYTES or 8GiB)")
     p.set_defaults(func=_cmd_sweep, needs_machine=False)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive number of seconds")
+    return value
 
 
 def _check_extras(args) -> None:
@@ -103,7 +120,11 @@ def _cmd_sweep(args, _machine):
     spec = load_spec(args.spec)
     _check_outputs(args)
     result = execute(spec, workers=args.workers, scheduler=args.scheduler, store=args.store,
-                     progress=not getattr(args, "json", False))
+                     progress=not getattr(args, "json", False), retry_failed=args.retry_failed,
+                     point_timeout_s=args.point_timeout, point_bytes=args.point_memory)
+    for rowid, key, fault in result.damaged:
+        print(f"kbtorch: warning: store '{result.store_path}': row {rowid} (key {str(key)[:12]}) is damaged "
+              f"and skipped: {fault}", file=sys.stderr)
     df = frame(result.rows, spec)
     if args.export:
         export(df, *args.export)
@@ -111,7 +132,8 @@ def _cmd_sweep(args, _machine):
     failures = [{"key": r["key"], "workload": r["workload"], "error": r["error"]} for r in result.failures]
     # NOTE: a sweep with failed points exits 1 (2: it was refused before any point ran).
     args.status = 1 if failures else 0
-    data = {"spec": spec.name, "points": len(result.rows), "ran": result.ran, "failed": failures,
+    data = {"spec": spec.name, "points": len(result.rows), "ran": result.ran, "reused": result.reused,
+            "damaged": [{"rowid": r, "key": k, "fault": f} for r, k, f in result.damaged], "failed": failures,
             "causes": causes(failures),
             "store": result.store_path, "wall_s": result.wall_s, "plots": plots,
             "sensitivity": sensitivity(df, spec) if spec.axes else {}, "rows": result.rows}
@@ -122,8 +144,8 @@ def _text(df, data: dict) -> str:
     point_cols = [c for c in df.columns if c not in ("key", "plan", "events", "wall_s") and not c.startswith("ns_")
                   and c not in SHOWN]
     table = _blank(df[point_cols + [c for c in SHOWN if c in df.columns]]).to_markdown(index=False, floatfmt=".4g")
-    head = (f"sweep {data['spec']}: {data['points']} points ({data['ran']} run now, the rest from {data['store']}) "
-            f"in {data['wall_s']:.1f} s; {len(data['failed'])} failed")
+    head = (f"sweep {data['spec']}: {data['points']} points ({data['ran']} run now, {data['reused']} reused from "
+            f"{data['store']}) in {data['wall_s']:.1f} s; {len(data['failed'])} failed")
     lines = [head, "", table]
     if data["failed"]:
         lines += ["", "failures:"] + [f"  {f['workload']} ({f['key'][:12]}): {f['error']}" for f in data["failed"]]

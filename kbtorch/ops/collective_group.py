@@ -83,7 +83,7 @@ def resolve_group(machine, spec) -> tuple:
 
 
 def _level_group(machine, spec: str) -> tuple:
-    name, _, index = spec.partition(":")
+    name, colon, index = spec.partition(":")
     known = []
     for lv, _ in _levels(machine.pes[0]):
         if lv not in known:
@@ -97,8 +97,11 @@ def _level_group(machine, spec: str) -> tuple:
         key = tuple(part for _, part in _levels(pe)[:depth])
         instances.setdefault(key, []).append(pe.id)
     keys = list(instances)
-    k = int(index) if index.isdigit() else 0
-    if index and not index.isdigit() or k >= len(keys):
+    if colon and not (index.isascii() and index.isdigit()):
+        raise CollectiveError(f"group '{spec}': expected an instance number after ':' "
+                              f"('{name}' has instances 0..{len(keys) - 1})")
+    k = int(index) if index else 0
+    if k >= len(keys):
         raise CollectiveError(f"group '{spec}': '{name}' has instances 0..{len(keys) - 1}")
     return tuple(instances[keys[k]])
 

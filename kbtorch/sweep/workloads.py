@@ -21,6 +21,7 @@ from ..profiler import breakdown_ns
 from ..topology.errors import did_you_mean
 from ..topology.machine import load_machine
 from ..units import parse_bytes, parse_pes
+from .guard import PointTimeout, guard
 
 __all__ = ["Workload", "parse_workload", "add_paths", "run_point", "measure"]
 
@@ -231,14 +232,27 @@ def convert(op: str, params: dict, machine) -> dict:
     return out
 
 
-def run_point(point) -> dict:
-    """Run one point -> its row of figures (``error`` set, figures empty, if it failed)."""
+def run_point(point, machine=None, seconds: float | None = None, nbytes: int | None = None) -> dict:
+    """Run one point (on ``machine``, else its topology loaded) within ``seconds`` of wall
+    time and ``nbytes`` of new memory (``guard``) -> its row of figures (``error`` set,
+    figures empty, if it failed)."""
     t0 = time.perf_counter()
     try:
-        machine = load_machine(point.topology, dict(point.overrides) or None)
-        ops.load_families()      # NOTE: a fresh worker process has imported only what kbtorch imports
-        fn = resolve(point.op) if ":" in point.op else family(point.op)
-        row = measure(fn(machine=machine, **convert(point.op, dict(point.params), machine)))
+        with guard(seconds, nbytes):
+            if machine is None:
+                machine = load_machine(point.topology, dict(point.overrides) or None)
+            ops.load_families()      # NOTE: a fresh worker process has imported only what kbtorch imports
+            fn = resolve(point.op) if ":" in point.op else family(point.op)
+            row = measure(fn(machine=machine, **convert(point.op, dict(point.params), machine)))
+    except SystemExit as exc:
+        # NOTE: a workload that calls sys.exit() fails its point; it never ends the sweep.
+        row = {"error": f"SystemExit: the workload called sys.exit({exc.code!r})"}
+    except MemoryError as exc:
+        limit = f"its memory limit of {nbytes} bytes (KBTORCH_MAX_POINT_BYTES or --point-memory)" if nbytes else ""
+        row = {"error": f"MemoryError: {str(exc) or 'out of memory'}{'; the point needed more than ' + limit if limit else ''}"}
+    except PointTimeout:
+        row = {"error": f"PointTimeout: the point ran longer than its time limit of {seconds:g} s "
+                        f"(KBTORCH_MAX_POINT_S or --point-timeout)"}
     except Exception as exc:  # noqa: BLE001 - NOTE: a failing point is recorded, the sweep goes on
         row = {"error": f"{type(exc).__name__}: {exc}"}
     row["wall_s"] = time.perf_counter() - t0
