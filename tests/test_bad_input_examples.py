@@ -99,12 +99,12 @@ def test_hf_generate_bad_topology_variable(capsys, monkeypatch, hf):
     select._PROCESS[0] = None
     monkeypatch.setenv("KBTORCH_TOPOLOGY", "bogus")
     _refused(capsys, "hf_generate", ["--model", "tiny"], "bogus: name: unknown topology (known: ")
-    _refused(capsys, "hf_generate", ["--model", "tiny"], "(named by $KBTORCH_TOPOLOGY)")
+    _refused(capsys, "hf_generate", ["--model", "tiny"], "(from $KBTORCH_TOPOLOGY='bogus')")
 
 
 def test_hf_generate_garbage_limit(capsys, monkeypatch, hf):
     monkeypatch.setenv("KBTORCH_MAX_TENSOR_ELEMENTS", "-3")
-    _refused(capsys, "hf_generate", ["--json"], "$KBTORCH_MAX_TENSOR_ELEMENTS='-3' must be a positive integer")
+    _refused(capsys, "hf_generate", ["--json"], "$KBTORCH_MAX_TENSOR_ELEMENTS='-3' is not a positive integer")
 
 
 def test_hf_generate_model_larger_than_the_machine(capsys, hf):
@@ -142,7 +142,7 @@ def test_every_example_refuses_a_garbage_limit(capsys, monkeypatch, name):
         pytest.importorskip("transformers")
     monkeypatch.setenv("KBTORCH_MAX_TILES", "abc")
     argv = ["--json"] if "--json" in (EXAMPLES / f"{name}.py").read_text() else []
-    _refused(capsys, name, argv, "$KBTORCH_MAX_TILES='abc' is not an integer")
+    _refused(capsys, name, argv, "$KBTORCH_MAX_TILES='abc' is not a positive integer")
 
 
 def test_every_example_reports_through_run_script():

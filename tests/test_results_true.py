@@ -99,12 +99,17 @@ def test_touched_topology_is_reused(tmp_path, capsys):
 def test_limits_in_force_are_in_the_key(tmp_path, capsys, monkeypatch):
     pytest.importorskip("pandas")
     spec = _spec(tmp_path, GEMM)
+    # NOTE: a limit the point breaks refuses the whole sweep before any point runs (issue 25) ...
     monkeypatch.setenv("KBTORCH_MAX_TILES", "1")
     rc, limited = _sweep(capsys, spec)
-    assert "KBTORCH_MAX_TILES" in limited["failed"][0]["error"]
+    assert rc == 2 and limited["error"] and "KBTORCH_MAX_TILES" in limited["message"]
     monkeypatch.delenv("KBTORCH_MAX_TILES")
     rc, free = _sweep(capsys, spec)
     assert free["ran"] == 1 and free["failed"] == [] and free["rows"][0]["latency_ns"] > 0
+    # ... and one it keeps still makes its points new ones: the limits in force are in the key.
+    monkeypatch.setenv("KBTORCH_MAX_MESSAGES", "12345")
+    rc, other = _sweep(capsys, spec)
+    assert other["ran"] == 1 and other["reused"] == 0
 
 
 def test_version_is_in_the_key(tmp_path, capsys, monkeypatch):
@@ -126,7 +131,7 @@ def test_garbage_limit_refused_before_any_point(tmp_path, capsys, monkeypatch):
     assert main(["sweep", str(spec), "--workers", "1", "--json"]) == 2
     assert time.perf_counter() - t0 < 1.0
     data = json.loads(capsys.readouterr().out)
-    assert data["kind"] == "ValueError" and "KBTORCH_MAX_TILES='abc' is not an integer" in data["message"]
+    assert data["kind"] == "ValueError" and "KBTORCH_MAX_TILES='abc' is not a positive integer" in data["message"]
     assert not (tmp_path / "study.sqlite").exists()
 
 
@@ -328,7 +333,7 @@ def test_use_bad_input(arg, exc, fault):
 def test_bad_topology_variable(monkeypatch):
     select._PROCESS[0] = None
     monkeypatch.setenv("KBTORCH_TOPOLOGY", "nope")
-    with pytest.raises(TopologyError, match=r"unknown topology .*named by \$KBTORCH_TOPOLOGY"):
+    with pytest.raises(TopologyError, match=r"unknown topology .*from \$KBTORCH_TOPOLOGY"):
         kbtorch.current_machine()
 
 
