@@ -309,6 +309,25 @@ def concurrent(specs: list, *, machine=None, mode: str = "fast") -> list[float]:
     return [max(result.pe_finish_ps.get(pe, 0) for pe in pes) / 1000 for pes in groups]
 
 
+def on_groups(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", machine=None) -> tuple[float, str]:
+    """Collective ``kind`` of ``nbytes`` per member on every group of ``groups`` (disjoint,
+    of one size) at once: -> (latency ns, algorithm). One group takes the algorithm with
+    the least estimate (``algo="auto"``) with its members' blocks in the grid's coordinate
+    order (``order="grid"``); several run rings side by side (``concurrent``).
+
+    NOTE: which member of a group holds which shard is the deployment's choice: every shard
+    is the same size and every PE does the same work on its own, so only the collectives
+    see the order. Torch's rank order would make a 2d reduce-scatter or all-gather over 256
+    PEs move each block as its own packet (the blocks a member handles are strided); the
+    grid order makes them consecutive, as a kernel laid out for the machine would."""
+    if len(groups) == 1:
+        run = collective(kind, group=list(groups[0]), nbytes=nbytes, dtype=dtype, algo="auto", machine=machine,
+                         order="grid")
+        return run.latency_ns, run.algo
+    specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo="ring") for g in groups]
+    return max(concurrent(specs, machine=machine)), "ring"
+
+
 def all_reduce(shards=None, **kw) -> CollectiveRun:
     """Every member ends with the reduction (``op``: sum or max) of all members' buffers."""
     return collective("all_reduce", shards, **kw)

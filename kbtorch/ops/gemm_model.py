@@ -52,7 +52,7 @@ def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: Gem
     eb, ob = DTYPES[dtype].bytes, DTYPES[out_dtype or dtype].bytes
     issue = machine.issue.kind_ps("composite", moves=3, stages=3) / 1000 + 3
     worst = None
-    for s, hbm, trip in _shard_classes(machine, m, n, k, used, tiling.grid):
+    for s, hbm, trip in _shard_classes(machine, m, n, k, used, tiling.grid, tiling.partial):
         est = _pe_estimate(machine, s, tiling, dtype, (eb, ob), hbm, trip, issue)
         if worst is None or est.ns > worst.ns:
             worst = est
@@ -60,10 +60,10 @@ def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: Gem
 
 
 @functools.lru_cache(maxsize=1024)
-def _shard_classes(machine, m: int, n: int, k: int, used: tuple, grid: tuple) -> tuple:
+def _shard_classes(machine, m: int, n: int, k: int, used: tuple, grid: tuple, partial: bool) -> tuple:
     """One (shard, HBM GB/s, round trip ns) per distinct kind of PE of the plan: the tile
     size does not change which PE gets which block."""
-    shards = plan(m, n, k, list(used), GemmTiling(grid, (1, 1, 1)))
+    shards = plan(m, n, k, list(used), GemmTiling(grid, (1, 1, 1), partial))
     active: dict = {}
     for s in shards:
         ctrl = machine.hbm_port(s.pe)[0]
