@@ -21,7 +21,7 @@ from .runtime import AllocationError, Runtime
 from .sim.commands import Dma
 from .sim.simulator import Simulator
 from .sim.traffic import PATTERNS, pattern_messages, pattern_pairs
-from .topology.machine import load_machine
+from .topology.machine import DEFAULT_MACHINE, load_machine
 from .cli_common import _byte_count, _pe_arg, _pes_arg, _run_info, _write_trace
 from .cli_ops import add_family_parsers
 from .cli_sweep import add_parser as add_sweep_parser
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); -> exit status."""
     try:
         args = build_parser().parse_args(argv)
-        machine = load_machine(getattr(args, "name", None) or getattr(args, "topology", "ahbm")) \
+        machine = load_machine(getattr(args, "name", None) or getattr(args, "topology", DEFAULT_MACHINE)) \
             if getattr(args, "needs_machine", True) else None
         data, text = args.func(args, machine)
     except (UsageError, ValueError, TypeError, KeyError, RuntimeError, OSError) as exc:

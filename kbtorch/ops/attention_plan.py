@@ -38,7 +38,6 @@ from dataclasses import dataclass
 
 from .contract import DTYPES
 
-ACC_BYTES = 4
 #: Grouped dealing (identical groups) is kept if its busiest PE has at most this much more work.
 GROUPED_SLACK = 1.02
 

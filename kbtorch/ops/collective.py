@@ -27,7 +27,8 @@ from .contract import DTYPES, OpFamily, OpRun, Param, as_machine, dtype_of, regi
 from . import collective_model as model
 from .collective_group import make_grid, resolve_group
 from .collective_kernel import CollectiveKernel
-from .collective_layout import PAGE, largest_xfer_blocks, packet_size
+from .collective_layout import largest_xfer_blocks, packet_size
+from .layout import page_align
 from .collective_plan import ALGOS, KINDS, OPS, ORDERS, CollectiveError, reference, schedule
 
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
@@ -237,7 +238,7 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, pac
     eb = DTYPES[dtype].bytes
     regions = 4 if kind in ("all_reduce", "reduce_scatter") else 3     # input, output, 2 scratch
     try:
-        limits.check_hbm(machine, pes, regions * -(-nbytes // PAGE) * PAGE, f"{kind} of {nbytes} bytes per member")
+        limits.check_hbm(machine, pes, regions * page_align(machine, nbytes), f"{kind} of {nbytes} bytes per member")
     except ValueError as exc:
         raise CollectiveError(str(exc)) from None
     if not 0 <= root < len(pes):

@@ -19,13 +19,12 @@ from ..kernel import launch
 from ..sim.simulator import RunResult
 from .contract import DTYPES, OpFamily, OpRun, Param, as_machine, dtype_of, register, tflops
 from .gemm_kernel import gemm_kernel
-from .gemm_model import GemmEstimate, candidates, estimate
+from .gemm_model import NEAR, GemmEstimate, candidates, estimate, fit_counts
 from .gemm_plan import GemmTiling, check_shape, output_tiles, plan, split, steps
 
+# NOTE: how much simulation the automatic tiling spends confirming (not hardware).
 CONFIRM = 2
 CONFIRM_TILES = 4000
-#: The smaller groups ``fit`` tries after the whole group (at most its size).
-FIT_COUNTS = (64, 16, 4, 1)
 
 
 def _tiles(m: int, n: int, k: int, tiling: GemmTiling) -> int:
@@ -68,7 +67,7 @@ def auto_tiling(machine, m, n, k, dtype, pes, out_dtype=None) -> tuple[GemmTilin
     if not ranked:
         raise ValueError(f"gemm: no tiling of M={m} N={n} K={k} {dtype} fits the TCM of {len(pes)} PEs")
     best = ranked[0][0].ns
-    close = [t for e, t in ranked[:CONFIRM] if e.ns <= 1.03 * best]
+    close = [t for e, t in ranked[:CONFIRM] if e.ns <= NEAR * best]
     if len(close) == 1 or _tiles(m, n, k, close[0]) > CONFIRM_TILES:
         return close[0], None
     runs = [(simulate(machine, m, n, k, dtype, pes, t, out_dtype=out_dtype), t) for t in close]
@@ -124,11 +123,11 @@ def gemm(a=None, b=None, *, shape=None, dtype=None, out_dtype=None, pes=None, ti
     ``machine`` (default: the current one, ``kbtorch.use``); C in ``out_dtype`` (a name or
     torch dtype; default: the input dtype). ``slices="n"`` or ``"k"``: every PE multiplies
     its own slice of the operands (``slice_tiling``); ``fit``: when no tiling fits the
-    group, the largest of ``FIT_COUNTS`` PEs of it that the shape can use."""
+    group, the most of its PEs that the shape can use (``fit_counts``)."""
     machine = as_machine(machine)
     pes = list(range(len(machine.pes))) if pes is None else list(pes)
     if fit and tiling is None:
-        for count in (len(pes), *FIT_COUNTS):
+        for count in fit_counts(len(pes)):
             try:
                 return gemm(a, b, shape=shape, dtype=dtype, out_dtype=out_dtype, pes=pes[:count], composite=composite,
                             machine=machine, mode=mode, trace=trace, slices=slices)

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 from .contract import dtype_of
 
-ACC_BYTES = 4
 
 
 @dataclass(frozen=True)

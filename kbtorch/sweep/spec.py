@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..topology.errors import TopologyError
 from ..topology.loader import read_toml
-from ..topology.machine import topology_path
+from ..topology.machine import DEFAULT_MACHINE, topology_path
 from ..topology.overrides import apply_overrides
 from ..topology.validate import validate
 from .workloads import parse_workload
@@ -122,7 +122,7 @@ def load_spec(path) -> Spec:
     combine = head.get("combine", "product")
     if combine not in COMBINE:
         raise SpecError(path, "sweep.combine", f"expected one of {', '.join(COMBINE)}, got {combine!r}")
-    base = _topology(head.get("topology", "ahbm"), path, "sweep.topology")
+    base = _topology(head.get("topology", DEFAULT_MACHINE), path, "sweep.topology")
     axes = tuple(_axes(_table(doc.get("axes", {}), path, "axes"), path))
     wl = _table(doc.get("workloads", {}), path, "workloads")
     if not wl:

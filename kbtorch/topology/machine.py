@@ -24,6 +24,9 @@ from .routing import Router
 #: Engines every PE block must define (the tile-kernel API's model of a PE).
 PE_ROLES = ("cp", "sched", "dma_rd", "dma_wr", "gemm", "math", "tcm", "ipcq")
 TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topologies"
+#: The machine every entry point uses when none is named (``use``, $KBTORCH_TOPOLOGY, the
+#: command line's ``--topology``, a sweep's ``topology``).
+DEFAULT_MACHINE = "ahbm"
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,6 +94,7 @@ class Machine(MachineFacts):
         raw = load_raw(path, overrides)
         self.path, self.name = raw.path, raw.machine["name"]
         self.flit_bytes = raw.machine["flit_bytes"]
+        self.page_bytes = raw.machine["page_bytes"]
         self.issue = IssueCost(raw.issue["fixed_cycles"], raw.issue["per_byte_cycles"],
                                int(raw.issue["composite_cap_bytes"]), float(raw.machine["clock_ghz"]),
                                dict(raw.issue["descriptor_bytes"]))
@@ -210,7 +214,7 @@ def _load_cached(path: str, mtime: float, overrides: tuple) -> Machine:
     return Machine(path, thaw_overrides(overrides))
 
 
-def load_machine(name_or_path: str = "ahbm", overrides: dict | None = None) -> Machine:
+def load_machine(name_or_path: str = DEFAULT_MACHINE, overrides: dict | None = None) -> Machine:
     """Load (once per file version and overrides) and return the compiled machine.
 
     ``overrides`` maps dotted paths of the file to values (``{"links.noc.bw_gbps": 512}``);
