@@ -22,7 +22,7 @@ from .runtime import AllocationError, Runtime
 from .sim.commands import Dma
 from .sim.simulator import Simulator
 from .sim.traffic import PATTERNS, pattern_messages, pattern_pairs
-from .topology.machine import load_machine
+from .topology.machine import DEFAULT_MACHINE, load_machine
 from .cli_common import _byte_count, _nonneg_int, _pe_arg, _pes_arg, _positive_int, _run_info, _write_trace
 from .cli_ops import add_family_parsers
 from .cli_sweep import add_parser as add_sweep_parser
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     try:
         limits.check_environment()
         args = build_parser().parse_args(argv)
-        machine = load_machine(getattr(args, "name", None) or getattr(args, "topology", "ahbm")) \
+        machine = load_machine(getattr(args, "name", None) or getattr(args, "topology", DEFAULT_MACHINE)) \
             if getattr(args, "needs_machine", True) else None
         data, text = args.func(args, machine)
     except (*REPORTED, MemoryError, KeyboardInterrupt) as exc:

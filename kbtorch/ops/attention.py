@@ -34,9 +34,12 @@ import torch
 from .. import limits
 from ..kernel import launch
 from . import attention_kernel as ak
-from .attention_plan import ACC_BYTES, AttentionShape, AttentionTiling, decode_plan, prefill_plan
+from .attention_plan import AttentionShape, AttentionTiling, decode_plan, prefill_plan
 from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, check_pes, dtype_of, register
+from .layout import ACC_BYTES
 
+# NOTE: tiling choices of the kernel (block sizes, chunking, team fan-out), not hardware:
+# every hardware number the plans use is asked of the machine.
 DECODE_MAX_LQ = 16
 BR_CHOICES = (4, 8, 16, 32, 64, 128, 256)
 MAX_ROWS = 512
@@ -95,7 +98,7 @@ def _plan(machine, shape: AttentionShape, tiling: AttentionTiling, pes: list) ->
 def _fits(machine, shape, works) -> bool:
     cap = machine.capacity("tcm", works[0].pe)
     unique = {_signature(w): w for w in works}
-    return all(ak.Layout(w, shape).tcm_bytes() <= cap for w in unique.values())
+    return all(ak.Layout(machine, w, shape).tcm_bytes() <= cap for w in unique.values())
 
 
 def candidates(shape: AttentionShape, pes: list) -> list[AttentionTiling]:
@@ -166,13 +169,14 @@ def _pe_estimate(machine, shape, w, own: float, up: float, ctrl_bytes: int) -> t
     m = shape.group * max(it.positions for it in w.items)
     read = _read_bytes(w, shape)
     hbm = min(own, up * read / ctrl_bytes)
+    flops = ak.math_costs(machine, w.pe)
 
     def tile(keys: int) -> tuple[float, float]:         # (GEMM: Q K^T + P V, MATH: softmax) of one tile
         mm = 2 * m * keys * d / gemm
         return (max(mm, (m + keys) * d * eb / tcm, m * keys * ACC_BYTES / tcm) + max(mm, (m + d) * keys * eb / tcm),
-                max(ak.SOFTMAX_FLOPS * m * keys / vec, 2 * m * keys * ACC_BYTES / tcm))
+                max(flops["softmax"] * m * keys / vec, 2 * m * keys * ACC_BYTES / tcm))
 
-    fold = max(2 * m * (d + 2) * ACC_BYTES / tcm, ak.MERGE_FLOPS * m * d / vec)
+    fold = max(2 * m * (d + 2) * ACC_BYTES / tcm, flops["merge"] * m * d / vec)
     runs = [(n, keys) for c in w.chunks for n, keys in c.runs]
     t_gemm = sum(n * tile(keys)[0] for n, keys in runs)
     t_math = sum(n * tile(keys)[1] for n, keys in runs) + fold * sum(1 for c in w.chunks if not c.first)

@@ -27,7 +27,8 @@ from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, dtype_
 from . import collective_model as model
 from .collective_group import make_grid, resolve_group
 from .collective_kernel import CollectiveKernel
-from .collective_layout import PAGE, largest_xfer_blocks, packet_size
+from .collective_layout import largest_xfer_blocks, packet_size
+from .layout import page_align
 from .collective_plan import ALGOS, KINDS, OPS, ORDERS, CollectiveError, reference, schedule
 
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
@@ -235,7 +236,7 @@ def checked(kind, shards, group, op, root, nbytes, dtype, machine, packet_bytes,
     nbytes, dtype = _shards(kind, shards, len(pes), nbytes, dtype)
     regions = 4 if kind in ("all_reduce", "reduce_scatter") else 3     # input, output, 2 scratch
     try:
-        limits.check_hbm(machine, pes, regions * -(-nbytes // PAGE) * PAGE, f"{kind} of {nbytes} bytes per member")
+        limits.check_hbm(machine, pes, regions * page_align(machine, nbytes), f"{kind} of {nbytes} bytes per member")
     except ValueError as exc:
         raise CollectiveError(str(exc)) from None
     if not 0 <= root < len(pes):
@@ -314,6 +315,25 @@ def concurrent(specs: list, *, machine=None, mode: str = "fast") -> list[float]:
         groups.append(pes)
     result = run_programs(programs, machine, mode=mode)
     return [max(result.pe_finish_ps.get(pe, 0) for pe in pes) / 1000 for pes in groups]
+
+
+def on_groups(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", machine=None) -> tuple[float, str]:
+    """Collective ``kind`` of ``nbytes`` per member on every group of ``groups`` (disjoint,
+    of one size) at once: -> (latency ns, algorithm). One group takes the algorithm with
+    the least estimate (``algo="auto"``) with its members' blocks in the grid's coordinate
+    order (``order="grid"``); several run rings side by side (``concurrent``).
+
+    NOTE: which member of a group holds which shard is the deployment's choice: every shard
+    is the same size and every PE does the same work on its own, so only the collectives
+    see the order. Torch's rank order would make a 2d reduce-scatter or all-gather over 256
+    PEs move each block as its own packet (the blocks a member handles are strided); the
+    grid order makes them consecutive, as a kernel laid out for the machine would."""
+    if len(groups) == 1:
+        run = collective(kind, group=list(groups[0]), nbytes=nbytes, dtype=dtype, algo="auto", machine=machine,
+                         order="grid")
+        return run.latency_ns, run.algo
+    specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo="ring") for g in groups]
+    return max(concurrent(specs, machine=machine)), "ring"
 
 
 def all_reduce(shards=None, **kw) -> CollectiveRun:

@@ -130,6 +130,7 @@ def make_grid(machine, pes: tuple) -> Grid:
     for k in varying:
         size *= len(vals[k])
     if not varying or size != len(pes) or len(combos) != len(pes):
+        # NOTE: 16 bounds the greedy ring search's cost (quadratic in members), not hardware
         order = _greedy(machine, list(pes)) if len(pes) <= 16 else list(range(len(pes)))
         coords = tuple((order.index(m),) for m in range(len(pes)))
         return Grid(tuple(pes), ("member",), (len(pes),), coords, order)

@@ -14,9 +14,9 @@ from .. import limits
 from ..kernel import launch
 from ..sim.commands import Move
 from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, check_pes, dtype_of, register
+from .layout import page_align
 
-TILE_BYTES = 256 * 1024
-PAGE = 4096
+TILE_BYTES = 256 * 1024         # NOTE: the kernel's tile size (a tiling choice, not hardware)
 BUFFERS = 2
 
 
@@ -40,8 +40,7 @@ def elementwise_kernel(ctx, op: str, n: int, inputs: int, elem_bytes: int, dtype
     tiles = -(-size // tile)
     tb = tile * elem_bytes
     ob = max(elem_bytes, round(tb * out_ratio) // elem_bytes * elem_bytes)
-    # NOTE: operands start on PAGE boundaries, as a host runtime would place whole tensors.
-    span = -(-size * elem_bytes // PAGE) * PAGE
+    span = page_align(ctx.machine, size * elem_bytes)
     ins = [ctx.hbm(f"in{i}", span) for i in range(inputs)]
     out = ctx.hbm("out", tiles * ob)
     staging = ctx.tcm("staging", BUFFERS * (inputs * tb + ob))

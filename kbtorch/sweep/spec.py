@@ -34,7 +34,7 @@ from pathlib import Path
 from ..limits import LIMITS, limit
 from ..topology.errors import TopologyError, did_you_mean
 from ..topology.loader import read_toml
-from ..topology.machine import topology_path
+from ..topology.machine import DEFAULT_MACHINE, topology_path
 from ..topology.overrides import apply_overrides
 from ..topology.validate import validate
 from .check import check_axes, check_distinct, check_machines, check_points, combos, get
@@ -150,7 +150,7 @@ def load_spec(path) -> Spec:
         raise SpecError(path, "sweep.combine", f"expected one of {', '.join(COMBINE)}, got {combine!r}"
                         + did_you_mean(combine, COMBINE))
     name = _name(head.get("name", Path(path).stem), path)
-    base = _topology(head.get("topology", "ahbm"), path, "sweep.topology")
+    base = _topology(head.get("topology", DEFAULT_MACHINE), path, "sweep.topology")
     axes = tuple(_axes(_table(doc.get("axes", {}), path, "axes"), path))
     check_axes(axes, base, path, SpecError)
     wl = _table(doc.get("workloads", {}), path, "workloads")

@@ -29,6 +29,9 @@ PE_ROLES = ("cp", "sched", "dma_rd", "dma_wr", "gemm", "math", "tcm", "ipcq")
 #: The shipped topologies: package data (kbtorch/topologies/*.toml), found in a checkout and in
 #: an installed wheel alike.
 TOPOLOGY_DIR = Path(str(importlib.resources.files("kbtorch") / "topologies"))
+#: The machine every entry point uses when none is named (``use``, $KBTORCH_TOPOLOGY, the
+#: command line's ``--topology``, a sweep's ``topology``).
+DEFAULT_MACHINE = "ahbm"
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,6 +108,7 @@ class Machine(MachineFacts):
         raw = load_raw(path, doc=doc)
         self.path, self.name = raw.path, raw.machine["name"]
         self.flit_bytes = raw.machine["flit_bytes"]
+        self.page_bytes = raw.machine["page_bytes"]
         self.issue = IssueCost(raw.issue["fixed_cycles"], raw.issue["per_byte_cycles"],
                                int(raw.issue["composite_cap_bytes"]), float(raw.machine["clock_ghz"]),
                                dict(raw.issue["descriptor_bytes"]))
@@ -254,7 +258,7 @@ def _load_cached(path: str, mtime: float, overrides: tuple) -> Machine:
     return machine_of_doc(path, resolve_doc(path, thaw_overrides(overrides)))
 
 
-def load_machine(name_or_path: str = "ahbm", overrides: dict | None = None) -> Machine:
+def load_machine(name_or_path: str = DEFAULT_MACHINE, overrides: dict | None = None) -> Machine:
     """Load (once per file version and overrides) and return the compiled machine: the same
     object for the same content, so a file touched (new mtime, same bytes) is the same machine.
 

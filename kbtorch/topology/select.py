@@ -3,7 +3,7 @@
 ``use(NAME|PATH|Machine)`` makes a topology the process default; as a context manager it
 holds inside the block only (context-local: other threads and tasks keep theirs) and
 restores the previous default on exit. With neither, the environment variable
-``KBTORCH_TOPOLOGY`` names it, else ``ahbm``. ``as_machine(x)`` is the one resolution every
+``KBTORCH_TOPOLOGY`` names it, else ``DEFAULT_MACHINE`` (ahbm). ``as_machine(x)`` is the one resolution every
 entry point uses: None -> the current machine, a name or path -> loaded, a Machine -> itself.
 """
 from __future__ import annotations
@@ -12,10 +12,9 @@ import contextvars
 import os
 
 from .errors import TopologyError
-from .machine import Machine, load_machine
+from .machine import DEFAULT_MACHINE, Machine, load_machine
 
 ENV = "KBTORCH_TOPOLOGY"
-DEFAULT = "ahbm"
 _SCOPED: contextvars.ContextVar = contextvars.ContextVar("kbtorch_machine", default=None)
 _PROCESS: list = [None]
 #: Bumped by every use() made, entered or left: a use() entered right after it was made is a
@@ -35,7 +34,7 @@ def as_machine(x=None) -> Machine:
 
 
 def current_machine() -> Machine:
-    """The machine in force here: ``with use(...)``, else ``use(...)``, else $KBTORCH_TOPOLOGY, else ahbm."""
+    """The machine in force here: ``with use(...)``, else ``use(...)``, else $KBTORCH_TOPOLOGY, else ``DEFAULT_MACHINE``."""
     scoped = _SCOPED.get()
     if scoped is not None:
         return scoped
@@ -43,7 +42,7 @@ def current_machine() -> Machine:
         return _PROCESS[0]
     name = os.environ.get(ENV)
     if not name:
-        return load_machine(DEFAULT)
+        return load_machine(DEFAULT_MACHINE)
     try:
         return load_machine(name)
     except TopologyError as exc:
