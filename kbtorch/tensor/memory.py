@@ -130,16 +130,24 @@ class HbmBook:
             need = self.per_pe(spec, nbytes)
             if not need:
                 continue
-            for count, nodes in self._spread(tuple(spec.mesh.pes)):
-                for node in nodes:
-                    a = self.nodes[node]
-                    used[node] = used.get(node, 0) + -(-count * need // a.align) * a.align
-                    if used[node] > a.free_bytes:
-                        pe = next(p.id for p in self.machine.pes if p.hbm == node)
-                        raise HbmFull(f"ahbm: {what} does not fit the HBM of '{self.machine.name}' "
-                                      f"({total / 1e9:.1f} GB in all): '{name}' {tuple(shape)} is the first past the "
-                                      f"{a.free_bytes / 1e9:.1f} GB free of {a.capacity / 1e9:.1f} GB in HBM node "
-                                      f"'{node}' (PE {pe}); nothing was moved")
+            for node, (count, pe) in self._in_order(tuple(spec.mesh.pes)).items():
+                a = self.nodes[node]
+                used[node] = used.get(node, 0) + -(-count * need // a.align) * a.align
+                if used[node] > a.free_bytes:
+                    raise HbmFull(f"ahbm: {what} does not fit the HBM of '{self.machine.name}' "
+                                  f"({total / 1e9:.1f} GB in all): '{name}' {tuple(shape)} is the first past the "
+                                  f"{a.free_bytes / 1e9:.1f} GB free of {a.capacity / 1e9:.1f} GB in HBM node "
+                                  f"'{node}' (PE {pe}); nothing was moved")
+
+    @functools.lru_cache(maxsize=64)
+    def _in_order(self, pes: tuple) -> dict:
+        """HBM node -> (how many of ``pes`` it serves, the first of them), in the order of ``pes``."""
+        out: dict = {}
+        for pe in pes:
+            node = self.machine.memory(pe, "hbm")
+            count, first = out.get(node, (0, pe))
+            out[node] = (count + 1, first)
+        return out
 
     def _release(self, taken: list) -> None:
         for nodes, addr in taken:
