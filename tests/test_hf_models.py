@@ -21,8 +21,7 @@ def _prompt(batch: int):
     return ids, mask
 
 
-@pytest.mark.parametrize("batch", [1, 4])
-@pytest.mark.parametrize("name", MODELS + MOE)
+@pytest.mark.parametrize("name,batch", [(n, b) for n in MODELS for b in (1, 4)] + [(n, 4) for n in MOE])
 def test_forward_and_generate_match_cpu(name, batch):
     model, ref = build(name)
     ids, mask = _prompt(batch)
