@@ -76,7 +76,7 @@ def bound(args) -> None:
     """Refuse sizes the model or the host cannot hold, before anything is built: positions
     against the model's ``max_position_embeddings``, the hidden states of the whole batch
     against ``KBTORCH_MAX_TENSOR_ELEMENTS``."""
-    _, cfg = config(TINY.get(args.model, args.model))
+    cfg = config(TINY.get(args.model, args.model))
     positions = args.prompt_len + args.new_tokens
     if positions > cfg.max_position_embeddings:
         raise ValueError(f"arguments --prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} = {positions} "

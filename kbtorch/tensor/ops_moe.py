@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from .dispatch import Out, host_call, refuse, register, same_device, value_of
-from .kernels import dtype_of, mesh_pes, on, timed, vector
+from .kernels import kernel_dtype, mesh_pes, on, timed, vector
 from .ops_matmul import timed_mm
 from .placement import Replicate
 from .sharding import placement, rowwise_input
@@ -53,7 +53,7 @@ def count(func, args, kwargs, machine):
     if not n:
         return Out(out, on(x, Replicate()))
     src = rowwise_input(x, tuple(range(x.dim())))
-    dtype, eb = dtype_of(name, value_of(x))
+    dtype, eb = kernel_dtype(value_of(x), name)
     run = vector(machine, "reduce", n, placed=placement(src), pes=mesh_pes(src), shape=tuple(src.shape), inputs=1,
                  dtype=dtype, elem_bytes=eb, out_ratio=max(1, out.numel()) / n)
     return Out(out, on(x, Replicate()), runs=(timed(f"aten::{name}", args, "vector reduce", run,
@@ -91,7 +91,7 @@ def grouped_mm(func, args, kwargs, machine):
     rows = group_rows(offs, a.shape[0] if a.dim() == 2 else a.shape[1], groups)
     if a.dim() == 3:
         rows = [a.shape[1]] * groups
-    dtype, _ = dtype_of("_grouped_mm", value_of(b))
+    dtype, _ = kernel_dtype(value_of(b), "_grouped_mm")
     runs = tuple(timed_mm(machine, "aten::_grouped_mm", (a, b), m, n, k, dtype, f"group {g}: {m}x{n}x{k}")
                  for g, m in enumerate(rows) if m and k and n)
     return Out(out, runs=runs)
