@@ -69,7 +69,7 @@ HF = [
     (["--batch", "-2"], "argument --batch: must be positive, got -2"),
     (["--batch", "1000000"], "elements exceed the limit of 268435456 per run (set KBTORCH_MAX_TENSOR_ELEMENTS"),
     (["--batch", "lots"], "argument --batch: invalid int value: 'lots'"),
-    (["--model", "gpt-17"], "argument --model: invalid choice: 'gpt-17'"),
+    (["--model", "gpt-17"], "model 'gpt-17': not a preset"),
     (["--model", ""], "argument --model: invalid choice: ''"),
     (["--cache", "paged"], "argument --cache: invalid choice: 'paged'"),
     (["--kernels", "cuda"], "argument --kernels: invalid choice: 'cuda'"),
