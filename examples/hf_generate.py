@@ -68,7 +68,6 @@ def parse(argv):
     for name in ("prompt_len", "new_tokens", "batch"):
         if getattr(args, name) < 1:
             ap.error(f"argument --{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
-    bound(args)
     return args
 
 
@@ -84,6 +83,16 @@ def bound(args) -> None:
     limits.check("elements", args.batch * positions * cfg.hidden_size,
                  f"arguments --batch {args.batch} x {positions} positions x hidden size {cfg.hidden_size} "
                  f"of {args.model}")
+    if not args.timing_only:
+        # NOTE: with data (--check, a tiny model), the model and its CPU copy are host tensors:
+        # the embedding alone refuses a full-size model at once; the rest are counted on the
+        # meta device, before anything is allocated.
+        import transformers
+        what = f"{args.model} with data (--check or without --timing-only): parameters on the host"
+        limits.check("elements", cfg.vocab_size * cfg.hidden_size, what)
+        with torch.device("meta"):
+            params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(cfg).parameters())
+        limits.check("elements", params, what)
 
 
 class StepClock:
@@ -180,6 +189,7 @@ def main(argv=None) -> int:
         except ValueError as exc:
             raise ValueError(f"argument --topology: {exc}") from None
     kbtorch.current_machine()       # NOTE: a bad --topology or $KBTORCH_TOPOLOGY is refused before the model is built
+    bound(args)
     t0 = time.perf_counter()
     prof, clock, out, expect, model = run(args)
     rec = report(args, prof, clock, out, expect, model, time.perf_counter() - t0)

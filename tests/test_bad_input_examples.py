@@ -70,10 +70,10 @@ HF = [
     (["--batch", "1000000"], "elements exceed the limit of 268435456 per run (set KBTORCH_MAX_TENSOR_ELEMENTS"),
     (["--batch", "lots"], "argument --batch: invalid int value: 'lots'"),
     (["--model", "gpt-17"], "model 'gpt-17': not a preset"),
-    (["--model", ""], "argument --model: invalid choice: ''"),
+    (["--model", ""], "model '': not a preset"),
     (["--cache", "paged"], "argument --cache: invalid choice: 'paged'"),
     (["--kernels", "cuda"], "argument --kernels: invalid choice: 'cuda'"),
-    (["--check"], "--check needs data (a tiny model without --timing-only)"),
+    (["--check"], "qwen2.5-7b with data (--check or without --timing-only)"),
     (["--model", "tiny", "--timing-only", "--check"], "--check needs data"),
     (["--topology", "nope"], "argument --topology: nope: name: unknown topology"),
     (["--topology", "/no/such/machine.toml"], "argument --topology: /no/such/machine.toml: file: no such topology file"),
@@ -111,7 +111,7 @@ def test_hf_generate_model_larger_than_the_machine(capsys, hf):
     """HbmFull is the right error: reported in one line, not as a traceback (the model is
     built first: not a sub-second refusal)."""
     _refused(capsys, "hf_generate", ["--model", "qwen2.5-7b", "--topology", TINY, "--prompt-len", "4",
-                                     "--new-tokens", "1", "--json"], "does not fit in PE", kind="HbmFull", fast=False)
+                                     "--new-tokens", "1", "--json"], "does not fit the HBM of 'tiny'", kind="HbmFull", fast=False)
 
 
 # ---------------------------------------------------------------- every other example
