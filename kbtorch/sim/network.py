@@ -86,13 +86,16 @@ class Hop:
 
 
 class Train:
-    """Consecutive flits of one message, moving hop by hop (one engine event per hop)."""
+    """Consecutive flits of one message, moving hop by hop (one engine event per hop).
 
-    __slots__ = ("msg", "hop", "first", "n", "head", "tail", "chain")
+    ``hops``: the hops it crosses (the message's path; a multicast tree's branch ``br``)."""
 
-    def __init__(self, msg, first: int, n: int, head: int, tail: int, chain):
+    __slots__ = ("msg", "hop", "first", "n", "head", "tail", "chain", "hops", "br")
+
+    def __init__(self, msg, first: int, n: int, head: int, tail: int, chain, hops=None, br=None):
         self.msg, self.hop, self.first, self.n = msg, 0, first, n
         self.head, self.tail, self.chain = head, tail, chain
+        self.hops, self.br = msg.hops if hops is None else hops, br
 
 
 class Message:
@@ -105,12 +108,24 @@ class Message:
     """
 
     __slots__ = ("corr", "path", "hops", "n_flits", "pending", "done_t", "done_chain",
-                 "deliver", "on_done", "on_sent", "what", "backlog")
+                 "deliver", "on_done", "on_sent", "what", "backlog", "kids", "leaves")
 
     def __init__(self, corr, path, hops, n_flits, deliver, on_done, on_sent, what):
         self.corr, self.path, self.hops, self.n_flits = corr, path, hops, n_flits
         self.deliver, self.on_done, self.on_sent, self.what = deliver, on_done, on_sent, what
         self.pending, self.done_t, self.done_chain, self.backlog = 0, -1, None, None
+        self.kids, self.leaves = None, None
+
+
+class Leaf:
+    """One destination of a multicast message: how its trains are committed there
+    (``deliver``), what runs when all of them are (``on_done``), and its progress."""
+
+    __slots__ = ("node", "deliver", "on_done", "got", "done_t", "done_chain")
+
+    def __init__(self, node: str, deliver, on_done):
+        self.node, self.deliver, self.on_done = node, deliver, on_done
+        self.got, self.done_t, self.done_chain = 0, -1, None
 
 
 class Network:
@@ -145,12 +160,32 @@ class Network:
 
     def message(self, path: tuple, n_flits: int, deliver, on_done, on_sent=None, what="msg") -> Message:
         """A new message on ``path`` (a tuple of node names), stamped with a correlation ID."""
+        return Message(self.engine.new_corr(), path, self._hops(path), n_flits, deliver, on_done, on_sent, what)
+
+    def _hops(self, path: tuple) -> list:
         hops = self._paths.get(path)
         if hops is None:
             g = self.machine.graph
             hops = self._paths[path] = [Hop(self.link(u, v), v, g.nodes[v]["overhead_ps"])
                                         for u, v in zip(path, path[1:])]
-        return Message(self.engine.new_corr(), path, hops, n_flits, deliver, on_done, on_sent, what)
+        return hops
+
+    def multicast(self, root, n_flits: int, leaves: list, on_done, on_sent=None, what="multicast") -> Message:
+        """A message down the multicast tree ``root`` (``sim.multicast.Branch``; its trunk is
+        the message's path): each train is replicated where the tree splits, so every link of
+        the tree carries it once. ``leaves[i]`` (a ``Leaf``) is destination ``i``;
+        ``on_done(t, chain)`` runs when every destination has committed every train (the
+        latest one's time and chain)."""
+        msg = Message(self.engine.new_corr(), root.path, self._hops(root.path), n_flits, None, on_done, on_sent, what)
+        msg.kids, msg.leaves = self._branches(root.kids), [len(leaves), leaves]
+        return msg
+
+    def _branches(self, kids):
+        for kid in kids:
+            kid.hops = self._hops(kid.path)
+            if kid.kids:
+                self._branches(kid.kids)
+        return kids
 
     def chunks(self, n_flits: int):
         """(first flit, flit count) of each train of a message of ``n_flits``.
@@ -228,11 +263,51 @@ class Network:
     def _hop(self, tr: Train) -> None:
         """The head of ``tr`` reaches the input of its next link: serialise it there."""
         self._cross(tr)
-        if tr.hop + 1 < len(tr.msg.hops):
+        if tr.hop + 1 < len(tr.hops):
             tr.hop += 1
             self.engine.at(tr.head, self._hop_fn, tr, priority=EDGE)
             return
-        self._arrive(tr)
+        if tr.msg.kids is None:
+            self._arrive(tr)
+            return
+        self._fork(tr)
+
+    def _fork(self, tr: Train) -> None:
+        """``tr`` has crossed a branch of a multicast tree: copy it into the branches that
+        leave the node it reached (the node replicates it), or deliver it at a leaf."""
+        br = tr.br
+        kids = tr.msg.kids if br is None else br.kids
+        if kids is None:
+            self._arrive_leaf(tr)
+            return
+        for kid in kids:
+            copy = Train(tr.msg, tr.first, tr.n, tr.head, tr.tail, tr.chain, kid.hops, kid)
+            if self.policy.reserve:
+                self._reserve(copy)
+            else:
+                self.engine.at(copy.head, self._hop_fn, copy, priority=EDGE)
+
+    def _arrive_leaf(self, tr: Train) -> None:
+        """A train of a multicast reached destination ``tr.br.leaf``: commit it there."""
+        msg, eng = tr.msg, self.engine
+        leaf = msg.leaves[1][tr.br.leaf]
+        t, chain = leaf.deliver(tr)
+        if t > leaf.done_t:
+            leaf.done_t, leaf.done_chain = t, chain
+        leaf.got += 1
+        if leaf.got == msg.pending:
+            eng.record(msg.corr, leaf.node, "done", leaf.done_t, leaf.done_t, msg.what)
+            eng.at(leaf.done_t, self._leaf_done, msg, leaf)
+
+    @staticmethod
+    def _leaf_done(msg: Message, leaf: Leaf) -> None:
+        if leaf.on_done is not None:
+            leaf.on_done(leaf.done_t, leaf.done_chain)
+        if leaf.done_t > msg.done_t:
+            msg.done_t, msg.done_chain = leaf.done_t, leaf.done_chain
+        msg.leaves[0] -= 1
+        if msg.leaves[0] == 0 and msg.on_done is not None:
+            msg.on_done(msg.done_t, msg.done_chain)
 
     def _reserve(self, tr: Train) -> None:
         """Cross every link of the path now, then arrive: at once if the end needs no memory
@@ -241,12 +316,20 @@ class Network:
         NOTE: in reservation mode the links downstream are committed ahead of time (their
         calendars take the train in the order trains are sent, not the order they reach the
         link), which costs at most one event per train instead of one per hop."""
-        hops = len(tr.msg.hops)
+        hops = len(tr.hops)
         while True:
             self._cross(tr)
             if tr.hop + 1 == hops:
                 break
             tr.hop += 1
+        if tr.msg.kids is not None:
+            if tr.br is not None and tr.br.kids is None:
+                leaf = tr.msg.leaves[1][tr.br.leaf]
+                if leaf.deliver is not arrive:
+                    self.engine.at(tr.head, self._arrive_leaf, tr, priority=EDGE)
+                    return
+            self._fork(tr)
+            return
         if tr.msg.deliver is arrive:
             self._arrive(tr)
             return
@@ -255,7 +338,7 @@ class Network:
     def _cross(self, tr: Train) -> None:
         """Serialise ``tr`` on link ``tr.hop`` of its path and move it past the node it enters."""
         msg, j = tr.msg, tr.hop
-        hop = msg.hops[j]
+        hop = tr.hops[j]
         link = hop.link
         n, head, tail, chain, ser = tr.n, tr.head, tr.tail, tr.chain, link.flit_ps
         ts = link.ts
@@ -275,7 +358,7 @@ class Network:
         eng = self.engine
         if eng.trace is not None:
             eng.record(msg.corr, link.key, "hop", head, tail_out, f"flits {tr.first}+{n}")
-        if j == 0:
+        if j == 0 and tr.br is None:
             if msg.backlog is not None:
                 self._next_train(msg)
             elif tr.first + n == msg.n_flits and msg.on_sent is not None:

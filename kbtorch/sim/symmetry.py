@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from functools import lru_cache
 
-from .commands import Composite, Compute, Dma, Fetch, Loc, Send, Store
+from .commands import Composite, Compute, Dma, Fetch, Loc, Multicast, Send, Store
 from .components.dma import data_path
 from .registry import Registry
 
@@ -93,10 +93,20 @@ def _dma(machine, info, cmd, keys: set, peers: set) -> None:
     keys.add(("data", cmd.src.node, cmd.dst.node))
 
 
+@PATHS.register(Multicast)
+def _multicast(machine, info, cmd, keys: set, peers: set) -> None:
+    keys.update(("data", cmd.src.node, d.node) for d in cmd.dsts)
+
+
 @PATHS.register(Composite)
 def _composite(machine, info, cmd, keys: set, peers: set) -> None:
     tcm = info.node("tcm")
     keys.update(("data", m.loc.node, tcm) for m in cmd.reads)
+    for m in cmd.reads:
+        if m.share is not None:
+            # NOTE: a shared read reaches every member of its gang (and waits for them).
+            peers.update(m.share.pes)
+            keys.update(("data", m.loc.node, machine.pes[p].node("tcm")) for p in m.share.pes)
     keys.update(("data", tcm, m.loc.node) for m in cmd.writes)
 
 

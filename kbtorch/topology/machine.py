@@ -101,6 +101,11 @@ class Machine(MachineFacts):
             g.add_edge(u, v, flit_ps=max(1, round(self.flit_bytes * 1000 / attrs["bw_gbps"])),
                        prop_ps=_ps(attrs["prop_ns"]), **attrs)
         self.graph = nx.freeze(g)
+        for name, d in g.nodes(data=True):
+            if d["params"].get("multicast") and not d["transit"]:
+                raise TopologyError(self.path, f"components ({name})",
+                                    "multicast = true needs transit = true: only a node that forwards traffic "
+                                    "replicates it")
         self.launch = Launch(**raw.launch) if raw.launch is not None else None
         self.pes = [PE(i, p["prefix"], _roles(p["roles"], raw.machine.get("pe_roles", {}), raw.path), p["coords"],
                        p.get("hbm"), p.get("sram")) for i, p in enumerate(raw.pes)]

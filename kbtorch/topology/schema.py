@@ -155,6 +155,7 @@ COMPONENT = Variant("kind", common={
     "kind": req(STR),
     "overhead_ns": opt(NONNEG_NUM),
     "transit": opt(BOOL),
+    "multicast": opt(BOOL),
 }, kinds={
     "cpu": NO_FIELDS,
     "scheduler": NO_FIELDS,
