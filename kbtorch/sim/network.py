@@ -108,13 +108,13 @@ class Message:
     """
 
     __slots__ = ("corr", "path", "hops", "n_flits", "pending", "done_t", "done_chain",
-                 "deliver", "on_done", "on_sent", "what", "backlog", "kids", "leaves")
+                 "deliver", "on_done", "on_sent", "what", "backlog", "kids", "leaves", "spray")
 
     def __init__(self, corr, path, hops, n_flits, deliver, on_done, on_sent, what):
         self.corr, self.path, self.hops, self.n_flits = corr, path, hops, n_flits
         self.deliver, self.on_done, self.on_sent, self.what = deliver, on_done, on_sent, what
         self.pending, self.done_t, self.done_chain, self.backlog = 0, -1, None, None
-        self.kids, self.leaves = None, None
+        self.kids, self.leaves, self.spray = None, None, None
 
 
 class Leaf:
@@ -158,9 +158,30 @@ class Network:
     def flits(self, nbytes: int) -> int:
         return max(1, -(-nbytes // self.flit_bytes))
 
-    def message(self, path: tuple, n_flits: int, deliver, on_done, on_sent=None, what="msg") -> Message:
-        """A new message on ``path`` (a tuple of node names), stamped with a correlation ID."""
-        return Message(self.engine.new_corr(), path, self._hops(path), n_flits, deliver, on_done, on_sent, what)
+    def message(self, path: tuple, n_flits: int, deliver, on_done, on_sent=None, what="msg", spray=None) -> Message:
+        """A new message on ``path`` (a tuple of node names), stamped with a correlation ID.
+
+        ``spray``: ``((path, weight), ...)`` of two or more paths: the message's trains (its
+        packets) are spread over them in proportion to their weights (a smooth weighted round
+        robin, deterministic); they may arrive out of order, and the message completes when
+        the last one is committed. ``path`` is then the first of them."""
+        msg = Message(self.engine.new_corr(), path, self._hops(path), n_flits, deliver, on_done, on_sent, what)
+        if spray is not None and len(spray) > 1:
+            weights = [w for _, w in spray]
+            msg.spray = ([self._hops(p) for p, _ in spray], weights, [0.0] * len(weights), sum(weights))
+        return msg
+
+    @staticmethod
+    def _pick(msg: Message):
+        """The hops of the next train of a sprayed message (smooth weighted round robin)."""
+        hops, weights, credit, total = msg.spray
+        best = 0
+        for i, w in enumerate(weights):
+            credit[i] += w
+            if credit[i] > credit[best]:
+                best = i
+        credit[best] -= total
+        return hops[best]
 
     def _hops(self, path: tuple) -> list:
         hops = self._paths.get(path)
@@ -226,7 +247,8 @@ class Network:
         """Put a train of ``msg`` at the input of its first link: its first flit arrives at
         ``head``, its last at ``tail`` (attribution ``chain``)."""
         msg.pending += 1
-        self.engine.at(head, self._start, Train(msg, first, n, head, tail, chain), priority=EDGE)
+        tr = Train(msg, first, n, head, tail, chain, None if msg.spray is None else self._pick(msg))
+        self.engine.at(head, self._start, tr, priority=EDGE)
 
     def send(self, msg: Message, t: int, chain, whole: bool = False) -> None:
         """Inject all of ``msg`` at time ``t``: every flit is ready at the source.
@@ -247,18 +269,20 @@ class Network:
             # mode commits a path when it is sent: cross it now, without a train event (the
             # same times as the train event would give on a private link).
             msg.pending += 1
-            self._reserve(Train(msg, 0, msg.n_flits, t, t, chain))
+            self._reserve(Train(msg, 0, msg.n_flits, t, t, chain, None if msg.spray is None else self._pick(msg)))
             return
         msg.pending += len(trains)
         msg.backlog = (trains, 1, t, chain) if len(trains) > 1 else None
         first, n = trains[0]
-        self.engine.at(t, self._start, Train(msg, first, n, t, t, chain), priority=EDGE)
+        tr = Train(msg, first, n, t, t, chain, None if msg.spray is None else self._pick(msg))
+        self.engine.at(t, self._start, tr, priority=EDGE)
 
     def _next_train(self, msg: Message) -> None:
         trains, k, t, chain = msg.backlog
         msg.backlog = (trains, k + 1, t, chain) if k + 1 < len(trains) else None
         first, n = trains[k]
-        self.engine.at(self.engine.now, self._start, Train(msg, first, n, t, t, chain), priority=NODE)
+        tr = Train(msg, first, n, t, t, chain, None if msg.spray is None else self._pick(msg))
+        self.engine.at(self.engine.now, self._start, tr, priority=NODE)
 
     def _hop(self, tr: Train) -> None:
         """The head of ``tr`` reaches the input of its next link: serialise it there."""

@@ -11,7 +11,7 @@ import functools
 from collections import Counter
 
 from .commands import Composite, Compute, Dma, Fetch, Multicast, Send, Store
-from .components.dma import data_path
+from .components.dma import data_path, data_paths
 from .multicast import tree
 from .registry import Registry
 
@@ -104,8 +104,15 @@ def resource_ps(machine, programs: dict) -> Counter:
         _path_load(machine, busy, link, n)
     g = machine.graph
     for (src, dst), n in load.pairs.items():
-        path = machine.route(src, dst) if g.nodes[src]["kind"] == "ipcq" else data_path(machine, src, dst)
-        _path_load(machine, busy, path, n)
+        if g.nodes[src]["kind"] == "ipcq" or not machine.multipath:
+            path = machine.route(src, dst) if g.nodes[src]["kind"] == "ipcq" else data_path(machine, src, dst)
+            _path_load(machine, busy, path, n)
+        else:
+            # NOTE: a sprayed transfer loads each of its paths by its share of the packets.
+            paths = data_paths(machine, src, dst)
+            total = sum(w for _, w in paths)
+            for path, w in paths:
+                _path_load(machine, busy, path, n * w / total)
         for node in (src, dst):
             _memory_load(g, busy, node, n)
     for (src, dsts), n in load.trees.items():
@@ -127,7 +134,7 @@ def _memory_load(g, busy: Counter, node: str, n: int) -> None:
 def _path_load(machine, loads: Counter, path: tuple, flits: int) -> None:
     g = machine.graph
     for u, v in zip(path, path[1:]):
-        loads[(u, v)] += flits * g.edges[u, v]["flit_ps"]
+        loads[(u, v)] += round(flits * g.edges[u, v]["flit_ps"])
 
 
 def _compute_ps(machine, engine: str, flops: int, dtype: str) -> int:

@@ -145,7 +145,8 @@ class Simulator:
             def done(t, chain, i=i):
                 finishes[i] = t
                 self.command_done(t, chain)
-            msg = net.message(self.machine.route(src, dst), net.flits(nbytes), arrive, done, what=f"message {i}")
+            paths = self.machine.paths(src, dst)
+            msg = net.message(paths[0][0], net.flits(nbytes), arrive, done, what=f"message {i}", spray=paths)
             net.send(msg, 0, None)
         self.engine.run()
         result = self._result(t0)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from functools import lru_cache
 
 from .commands import Composite, Compute, Dma, Fetch, Loc, Multicast, Send, Store
-from .components.dma import data_path
+from .components.dma import data_path, data_paths
 from .registry import Registry
 
 #: What each command type uses: ``handler(machine, info, cmd, keys, peers)`` adds the node
@@ -132,8 +132,11 @@ def _paths(machine, pe: int, cmds) -> tuple[set, set]:
 
 
 def _path(machine, key: tuple) -> tuple:
+    """The node paths of ``key``: one, or every path of a sprayed transfer."""
     kind, src, dst = key
-    return data_path(machine, src, dst) if kind == "data" else machine.route(src, dst)
+    if kind != "data":
+        return (machine.route(src, dst),)
+    return tuple(p for p, _ in data_paths(machine, src, dst)) if machine.multipath else (data_path(machine, src, dst),)
 
 
 def _units(machine, programs: dict, level: int, cache: dict) -> dict | None:
@@ -151,7 +154,7 @@ def _units(machine, programs: dict, level: int, cache: dict) -> dict | None:
         for key in keys:
             if key not in cache:
                 cache[key] = _path(machine, key)
-            paths.add(cache[key])
+            paths.update(cache[key])
     for unit, (_, paths) in units.items():
         for node in {n for path in paths for n in path}:
             if owner.setdefault(node, unit) != unit:

@@ -19,6 +19,7 @@ from .facts import MachineFacts
 from .launch import Launch, segments
 from .loader import load_raw
 from .overrides import freeze_overrides, thaw_overrides
+from .multipath import Paths, RoutingPolicy
 from .routing import Router
 
 #: Engines every PE block must define (the tile-kernel API's model of a PE).
@@ -123,6 +124,8 @@ class Machine(MachineFacts):
         if stray:
             raise TopologyError(self.path, "machine.route_reset", f"dimensions {stray} are not in route_order")
         self.router = Router(self.graph, route_order, reset, self.path)
+        self.routing = RoutingPolicy.from_doc(raw.routing, self.graph, self.path)
+        self._paths = Paths(self.router, self.routing)
         self._check_routable()
         self._launch = [segments(self, pe.id) for pe in self.pes]
 
@@ -167,6 +170,16 @@ class Machine(MachineFacts):
 
     def route(self, src: str, dst: str) -> tuple[str, ...]:
         return self.router.route(src, dst)
+
+    def paths(self, src: str, dst: str) -> tuple:
+        """``((path, weight), ...)``: the paths a message's packets are sprayed over under the
+        machine's ``[routing]`` policy (``topology.multipath``); one path, ``route``, when
+        single-path."""
+        return self._paths.paths(src, dst)
+
+    @property
+    def multipath(self) -> bool:
+        return self.routing.policy != "single"
 
     def node(self, name: str) -> dict:
         return self.graph.nodes[name]

@@ -135,6 +135,14 @@ LAUNCH = Record({
     "fixed_ns": req(NONNEG_NUM),
 })
 
+#: Multi-path transport (optional; without it: single-path routing). ``policy`` is checked
+#: against ``multipath.POLICIES`` when the machine is compiled.
+ROUTING = Record({
+    "policy": req(STR),
+    "max_paths": opt(POS_INT),
+    "port_kind": opt(STR),
+})
+
 LINK = Record({
     "kind": req(STR),
     "bw_gbps": req(POS_NUM),
@@ -214,6 +222,7 @@ TOP = Record({
     "machine": req(MACHINE),
     "issue": req(ISSUE),
     "launch": opt(LAUNCH),
+    "routing": opt(ROUTING),
     "links": req(Map(LINK)),
     "components": req(Map(COMPONENT)),
     "blocks": req(Map(BLOCK)),

@@ -34,6 +34,22 @@ def data_path(machine, src: str, dst: str) -> tuple:
     return prefix + machine.route(start, end) + suffix
 
 
+def data_paths(machine, src: str, dst: str) -> tuple:
+    """``((path, weight), ...)``: the full node paths DMA data from ``src`` to ``dst`` is
+    sprayed over under the machine's routing policy (one, ``data_path``, when single-path)."""
+    one = data_path(machine, src, dst)
+    if not machine.multipath:
+        return ((one, 1.0),)
+    g = machine.graph
+    start = one[1] if g.nodes[src]["kind"] == "tcm" else src
+    end = one[-2] if g.nodes[dst]["kind"] == "tcm" else dst
+    if start == end:
+        return ((one, 1.0),)
+    prefix = (src,) if start != src else ()
+    suffix = (dst,) if end != dst else ()
+    return tuple((prefix + p + suffix, w) for p, w in machine.paths(start, end))
+
+
 class DmaModel:
     """Path construction and the request/stream/commit steps of DMA commands."""
 
@@ -48,6 +64,14 @@ class DmaModel:
         if path is None:
             path = self._paths[(src, dst)] = data_path(self.sim.machine, src, dst)
         return path
+
+    def spray(self, src: str, dst: str):
+        """The paths of a sprayed transfer from ``src`` to ``dst`` (None when single-path)."""
+        key = ("spray", src, dst)
+        got = self._paths.get(key)
+        if got is None:
+            got = self._paths[key] = data_paths(self.sim.machine, src, dst)
+        return got if len(got) > 1 else None
 
     def data_path_route(self, src: str, dst: str) -> tuple:
         """The routed path between two nodes (cached)."""
@@ -110,7 +134,9 @@ class DmaModel:
         # delivers the message when it commits its path, without an arrival event).
         deliver = arrive if dst_mem is None else commit
         own = move.src.node == own_tcm
-        data = net.message(path, net.flits(move.nbytes), deliver, on_done, on_sent if own else None, what=what)
+        spray = self.spray(move.src.node, move.dst.node) if self.sim.machine.multipath else None
+        data = net.message(path, net.flits(move.nbytes), deliver, on_done, on_sent if own else None, what=what,
+                           spray=spray)
         if own:
             net.send(data, t, chain)
             return
