@@ -197,6 +197,15 @@ class Network:
         the tree carries it once. ``leaves[i]`` (a ``Leaf``) is destination ``i``;
         ``on_done(t, chain)`` runs when every destination has committed every train (the
         latest one's time and chain)."""
+        if root.kids is None:
+            # NOTE: one destination: a plain message (its leaf's commit, then both callbacks).
+            leaf = leaves[0]
+
+            def done(t, chain):
+                for fn in (leaf.on_done, on_done):
+                    if fn is not None:
+                        fn(t, chain)
+            return self.message(root.path, n_flits, leaf.deliver, done, on_sent, what)
         msg = Message(self.engine.new_corr(), root.path, self._hops(root.path), n_flits, None, on_done, on_sent, what)
         msg.kids, msg.leaves = self._branches(root.kids), [len(leaves), leaves]
         return msg
