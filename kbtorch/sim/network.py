@@ -163,12 +163,15 @@ class Network:
 
         ``spray``: ``((path, weight), ...)`` of two or more paths: the message's trains (its
         packets) are spread over them in proportion to their weights (a smooth weighted round
-        robin, deterministic); they may arrive out of order, and the message completes when
+        robin, deterministic, the first path first); they may arrive out of order, and the message completes when
         the last one is committed. ``path`` is then the first of them."""
         msg = Message(self.engine.new_corr(), path, self._hops(path), n_flits, deliver, on_done, on_sent, what)
         if spray is not None and len(spray) > 1:
             weights = [w for _, w in spray]
-            msg.spray = ([self._hops(p) for p, _ in spray], weights, [0.0] * len(weights), sum(weights))
+            # NOTE: the first path (the least latency) starts with a full round of credit, so a
+            # message of one train takes it; the shares are proportional to the weights.
+            credit = [float(sum(weights))] + [0.0] * (len(weights) - 1)
+            msg.spray = ([self._hops(p) for p, _ in spray], weights, credit, sum(weights))
         return msg
 
     @staticmethod
