@@ -141,3 +141,28 @@ def test_gemm_shares_operands_by_multicast_with_the_same_numerics(maia):
     # A is read once per grid row instead of once per PE of it, B once per grid column
     assert hbm(shared) < 0.5 * hbm(unicast)
     assert shared.latency_ps < unicast.latency_ps
+
+
+def multicast_tiny(write_topology, tiny_path):
+    text = tiny_path.read_text()
+    for comp in ("router", "hbm_ctrl", "pcie_ep"):
+        text = text.replace(f'{comp} = {{ kind = "{comp}",', f'{comp} = {{ kind = "{comp}", multicast = true,')
+    return load_machine(str(write_topology(text)))
+
+
+@pytest.mark.parametrize("kind", ["all_gather", "broadcast"])
+def test_direct_collective_copies_go_as_one_multicast(write_topology, tiny_path, tiny, kind):
+    from kbtorch.ops.collective import collective, torch_reference
+    from kbtorch.ops.collective_group import make_grid, resolve_group
+    m = multicast_tiny(write_topology, tiny_path)
+    assert m.multicast_nodes
+    torch.manual_seed(2)
+    shards = [torch.randn(2048) for _ in range(8)]
+    runs = {name: collective(kind, [s.clone() for s in shards], algo="direct", machine=mach, mode="fast")
+            for name, mach in (("multicast", m), ("unicast", tiny))}
+    for r in runs.values():
+        for got, want in zip(r.outputs, torch_reference(kind, shards)):
+            torch.testing.assert_close(got, want)
+    links = {name: sum(s["flits"] for s in r.result.stats["links"].values()) for name, r in runs.items()}
+    assert links["multicast"] < 0.8 * links["unicast"]
+    assert runs["multicast"].analytic_ps < runs["unicast"].analytic_ps
