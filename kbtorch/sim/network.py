@@ -31,6 +31,7 @@ from math import ceil
 
 from .calendar import avail, forget, occupy
 from .engine import EDGE, NODE
+from .multicast import MulticastMechanics
 
 
 @dataclass(frozen=True)
@@ -117,19 +118,9 @@ class Message:
         self.kids, self.leaves, self.spray = None, None, None
 
 
-class Leaf:
-    """One destination of a multicast message: how its trains are committed there
-    (``deliver``), what runs when all of them are (``on_done``), and its progress."""
-
-    __slots__ = ("node", "deliver", "on_done", "got", "done_t", "done_chain")
-
-    def __init__(self, node: str, deliver, on_done):
-        self.node, self.deliver, self.on_done = node, deliver, on_done
-        self.got, self.done_t, self.done_chain = 0, -1, None
-
-
-class Network:
-    """All links of one run, and the train mechanics that move messages across them."""
+class Network(MulticastMechanics):
+    """All links of one run, and the train mechanics that move messages across them
+    (multicast trees: ``multicast.MulticastMechanics``)."""
 
     def __init__(self, engine, machine, policy: TrainPolicy):
         if policy.chunk_flits < 1:
@@ -193,32 +184,6 @@ class Network:
             hops = self._paths[path] = [Hop(self.link(u, v), v, g.nodes[v]["overhead_ps"])
                                         for u, v in zip(path, path[1:])]
         return hops
-
-    def multicast(self, root, n_flits: int, leaves: list, on_done, on_sent=None, what="multicast") -> Message:
-        """A message down the multicast tree ``root`` (``sim.multicast.Branch``; its trunk is
-        the message's path): each train is replicated where the tree splits, so every link of
-        the tree carries it once. ``leaves[i]`` (a ``Leaf``) is destination ``i``;
-        ``on_done(t, chain)`` runs when every destination has committed every train (the
-        latest one's time and chain)."""
-        if root.kids is None:
-            # NOTE: one destination: a plain message (its leaf's commit, then both callbacks).
-            leaf = leaves[0]
-
-            def done(t, chain):
-                for fn in (leaf.on_done, on_done):
-                    if fn is not None:
-                        fn(t, chain)
-            return self.message(root.path, n_flits, leaf.deliver, done, on_sent, what)
-        msg = Message(self.engine.new_corr(), root.path, self._hops(root.path), n_flits, None, on_done, on_sent, what)
-        msg.kids, msg.leaves = self._branches(root.kids), [len(leaves), leaves]
-        return msg
-
-    def _branches(self, kids):
-        for kid in kids:
-            kid.hops = self._hops(kid.path)
-            if kid.kids:
-                self._branches(kid.kids)
-        return kids
 
     def chunks(self, n_flits: int):
         """(first flit, flit count) of each train of a message of ``n_flits``.
@@ -307,43 +272,6 @@ class Network:
             self._arrive(tr)
             return
         self._fork(tr)
-
-    def _fork(self, tr: Train) -> None:
-        """``tr`` has crossed a branch of a multicast tree: copy it into the branches that
-        leave the node it reached (the node replicates it), or deliver it at a leaf."""
-        br = tr.br
-        kids = tr.msg.kids if br is None else br.kids
-        if kids is None:
-            self._arrive_leaf(tr)
-            return
-        for kid in kids:
-            copy = Train(tr.msg, tr.first, tr.n, tr.head, tr.tail, tr.chain, kid.hops, kid)
-            if self.policy.reserve:
-                self._reserve(copy)
-            else:
-                self.engine.at(copy.head, self._hop_fn, copy, priority=EDGE)
-
-    def _arrive_leaf(self, tr: Train) -> None:
-        """A train of a multicast reached destination ``tr.br.leaf``: commit it there."""
-        msg, eng = tr.msg, self.engine
-        leaf = msg.leaves[1][tr.br.leaf]
-        t, chain = leaf.deliver(tr)
-        if t > leaf.done_t:
-            leaf.done_t, leaf.done_chain = t, chain
-        leaf.got += 1
-        if leaf.got == msg.pending:
-            eng.record(msg.corr, leaf.node, "done", leaf.done_t, leaf.done_t, msg.what)
-            eng.at(leaf.done_t, self._leaf_done, msg, leaf)
-
-    @staticmethod
-    def _leaf_done(msg: Message, leaf: Leaf) -> None:
-        if leaf.on_done is not None:
-            leaf.on_done(leaf.done_t, leaf.done_chain)
-        if leaf.done_t > msg.done_t:
-            msg.done_t, msg.done_chain = leaf.done_t, leaf.done_chain
-        msg.leaves[0] -= 1
-        if msg.leaves[0] == 0 and msg.on_done is not None:
-            msg.on_done(msg.done_t, msg.done_chain)
 
     def _reserve(self, tr: Train) -> None:
         """Cross every link of the path now, then arrive: at once if the end needs no memory

@@ -10,8 +10,8 @@ acknowledgement traffic is modeled).
 """
 from __future__ import annotations
 
-from ..multicast import Branch, check, tree
-from ..network import Leaf, arrive
+from ..multicast import Branch, Leaf, check, tree
+from ..network import arrive
 
 
 def data_path(machine, src: str, dst: str) -> tuple:

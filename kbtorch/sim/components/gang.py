@@ -14,10 +14,11 @@ from ..commands import Loc
 
 
 class _Join:
-    __slots__ = ("run", "src", "stride", "dst", "on_done", "on_sent")
+    __slots__ = ("run", "src", "stride", "dst", "on_done", "on_sent", "nbytes")
 
-    def __init__(self, run, src, stride, dst, on_done, on_sent):
+    def __init__(self, run, src, stride, dst, on_done, on_sent, nbytes):
         self.run, self.src, self.stride, self.dst, self.on_done, self.on_sent = run, src, stride, dst, on_done, on_sent
+        self.nbytes = nbytes
 
 
 class Gangs:
@@ -35,9 +36,13 @@ class Gangs:
             raise ValueError(f"PE {pe} {run.cmd.describe()}: share '{share.key}' does not list it (gang {share.pes})")
         key = (share.key, i)
         joined = self.waiting.setdefault(key, {})
+        if joined and next(iter(joined.values())).nbytes != move.nbytes:
+            raise ValueError(f"PE {pe} {run.cmd.describe()}: share '{share.key}' tile {i} is {move.nbytes} bytes here, "
+                             f"{next(iter(joined.values())).nbytes} at another member")
         if pe in joined:
             raise ValueError(f"PE {pe} {run.cmd.describe()}: share '{share.key}' tile {i} joined twice")
-        joined[pe] = _Join(run, Loc(move.loc.node, move.loc.addr + i * move.step), move.stride, dst, on_done, on_sent)
+        src = Loc(move.loc.node, move.loc.addr + i * move.step)
+        joined[pe] = _Join(run, src, move.stride, dst, on_done, on_sent, move.nbytes)
         if len(joined) < len(share.pes):
             return
         del self.waiting[key]
