@@ -16,7 +16,6 @@ weighted round robin over the message's trains, so the order is deterministic.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import islice
 
 import networkx as nx
 
@@ -56,6 +55,7 @@ class Paths:
     def __init__(self, router, policy: RoutingPolicy):
         self.router, self.policy, self.graph = router, policy, router.graph
         self._cache: dict = {}
+        self._search: dict = {}
         self._transit = None
 
     def paths(self, src: str, dst: str) -> tuple:
@@ -79,24 +79,63 @@ class Paths:
         g = self.graph
         return min(g.edges[u, v]["bw_gbps"] for u, v in zip(path, path[1:]))
 
-    def _view(self, src: str, dst: str, avoid=()) -> nx.DiGraph:
-        g = self.graph
-        if self._transit is None:
-            self._transit = {n for n, d in g.nodes(data=True) if d["transit"]}
-        keep = (self._transit | {src, dst}) - set(avoid)
-        return g.subgraph(keep)
+    def _from(self, node: str) -> tuple:
+        """(predecessors, distances) of every transit node from transit ``node`` over the
+        transit nodes only (cached: one search per node, shared by every pair)."""
+        got = self._search.get(node)
+        if got is None:
+            if self._transit is None:
+                g = self.graph
+                self._transit = g.subgraph([n for n, d in g.nodes(data=True) if d["transit"]])
+            got = self._search[node] = nx.dijkstra_predecessor_and_distance(self._transit, node, weight=self._weight)
+        return got
 
     def _weight(self, u: str, v: str, d: dict) -> int:
         return self.router.weight(u, v)
 
+    def _ends(self, src: str, dst: str):
+        """(first transit hop, its cost) out of ``src``, (last transit hop, its cost) into ``dst``."""
+        g, w = self.graph, self.router.weight
+        firsts = [(f, w(src, f)) for f in g.successors(src) if g.nodes[f]["transit"]] \
+            if not g.nodes[src]["transit"] else [(src, 0)]
+        lasts = [(r, w(r, dst)) for r in g.predecessors(dst) if g.nodes[r]["transit"]] \
+            if not g.nodes[dst]["transit"] else [(dst, 0)]
+        return firsts, lasts
+
     def _minimal(self, src: str, dst: str) -> list:
-        view = self._view(src, dst)
-        # NOTE: a path never leaves src back into it nor passes dst (both are endpoints).
-        try:
-            found = nx.all_shortest_paths(view, src, dst, weight=self._weight)
-            return [tuple(p) for p in islice(found, self.policy.max_paths)]
-        except nx.NetworkXNoPath:
-            return []
+        firsts, lasts = self._ends(src, dst)
+        best, pairs = None, []
+        for f, w0 in firsts:
+            _, dist = self._from(f)
+            for r, w1 in lasts:
+                if r in dist:
+                    c = w0 + dist[r] + w1
+                    if best is None or c < best:
+                        best, pairs = c, [(f, r)]
+                    elif c == best:
+                        pairs.append((f, r))
+        out = []
+        for f, r in pairs:
+            pred, _ = self._from(f)
+            for mid in _walks(pred, r, self.policy.max_paths - len(out)):
+                out.append(_join(src, mid, dst))
+            if len(out) >= self.policy.max_paths:
+                break
+        return out
+
+    def _one(self, src: str, dst: str):
+        """The least-latency path from ``src`` to ``dst`` through transit nodes, or None."""
+        firsts, lasts = self._ends(src, dst)
+        best = None
+        for f, w0 in firsts:
+            pred, dist = self._from(f)
+            for r, w1 in lasts:
+                if r in dist and (best is None or w0 + dist[r] + w1 < best[0]):
+                    best = (w0 + dist[r] + w1, f, r)
+        if best is None:
+            return None
+        pred, _ = self._from(best[1])
+        return _join(src, next(_walks(pred, best[2], 1)), dst)
 
     def ports(self, src: str) -> list:
         """The port nodes ``src`` reaches without crossing another port (graph order)."""
@@ -118,13 +157,36 @@ class Paths:
         kind = self.policy.port_kind
         if not any(self.graph.nodes[v]["kind"] == kind for v in single[1:-1]):
             return [single]
+        cost = lambda p: sum(self.router.weight(u, v) for u, v in zip(p, p[1:]))
         out = []
         for port in self.ports(src):
-            try:
-                lead = nx.shortest_path(self._view(src, port), src, port, weight=self._weight)
-                rest = nx.shortest_path(self._view(port, dst, avoid=lead[:-1]), port, dst, weight=self._weight)
-            except nx.NetworkXNoPath:
+            lead = self._one(src, port)
+            if lead is None:
                 continue
-            out.append(tuple(lead) + tuple(rest[1:]))
-        out.sort(key=lambda p: sum(self.router.weight(u, v) for u, v in zip(p, p[1:])))
+            # NOTE: the port's own links out (not back the way the lead came), then the least
+            # latency on; a way that comes back through a node of the lead is dropped.
+            ways = [lead + rest for v in self.graph.successors(port) if v not in lead
+                    for rest in (self._one(v, dst),) if rest is not None and not set(lead) & set(rest)]
+            if ways:
+                out.append(min(ways, key=cost))
+        out.sort(key=cost)
         return out
+
+
+def _walks(pred: dict, end: str, limit: int):
+    """Up to ``limit`` node paths from the search's source to ``end`` (every predecessor of
+    equal cost: all least-latency paths), in predecessor order."""
+    stack = [(end, (end,))]
+    while stack and limit > 0:
+        node, tail = stack.pop()
+        before = pred[node]
+        if not before:
+            limit -= 1
+            yield tail
+            continue
+        for p in reversed(before):
+            stack.append((p, (p,) + tail))
+
+
+def _join(src: str, mid: tuple, dst: str) -> tuple:
+    return ((src,) if mid[0] != src else ()) + mid + ((dst,) if mid[-1] != dst else ())
