@@ -132,3 +132,12 @@ def test_bad_routing_policies_are_refused_by_name(write_topology, tiny_path, rou
     text = tiny_path.read_text().replace("\n[links]\n", f"\n[routing]\n{routing}\n\n[links]\n", 1)
     with pytest.raises(TopologyError, match=match):
         load_machine(str(write_topology(text)))
+
+
+def test_a_sweep_axis_flips_the_routing_policy(tmp_path):
+    from kbtorch.sweep.spec import load_spec
+    spec = tmp_path / "spray.toml"
+    spec.write_text('[sweep]\ntopology = "maia200_x8"\n[axes]\n"routing.policy" = ["single", "port-spray"]\n'
+                    '[workloads.ag]\nop = "all_gather"\nnbytes = 65536\n')
+    points = load_spec(spec).points
+    assert [dict(p.overrides)["routing.policy"] for p in points] == ["single", "port-spray"]
