@@ -152,29 +152,31 @@ class Network(MulticastMechanics):
     def message(self, path: tuple, n_flits: int, deliver, on_done, on_sent=None, what="msg", spray=None) -> Message:
         """A new message on ``path`` (a tuple of node names), stamped with a correlation ID.
 
-        ``spray``: ``((path, weight), ...)`` of two or more paths: the message's trains (its
-        packets) are spread over them in proportion to their weights (a smooth weighted round
-        robin, deterministic, the first path first); they may arrive out of order, and the message completes when
-        the last one is committed. ``path`` is then the first of them."""
+        ``spray``: ``((path, weight), ...)`` of two or more paths (weight: bottleneck GB/s): each
+        train (a packet) goes on the path where it would arrive first, by the path's head
+        latency and the trains this message already put on it at its bottleneck rate
+        (earliest-arrival spraying; it does not see other messages, so it is deterministic).
+        A short message stays on the fastest path; a long one spreads in proportion to the
+        bandwidths. Trains may arrive out of order; the message completes when the last one
+        is committed. ``path`` is then the first of them."""
         msg = Message(self.engine.new_corr(), path, self._hops(path), n_flits, deliver, on_done, on_sent, what)
         if spray is not None and len(spray) > 1:
-            weights = [w for _, w in spray]
-            # NOTE: the first path (the least latency) starts with a full round of credit, so a
-            # message of one train takes it; the shares are proportional to the weights.
-            credit = [float(sum(weights))] + [0.0] * (len(weights) - 1)
-            msg.spray = ([self._hops(p) for p, _ in spray], weights, credit, sum(weights))
+            hops = [self._hops(p) for p, _ in spray]
+            ser = [self.flit_bytes * 1000 / w for _, w in spray]
+            msg.spray = (hops, [float(sum(h.total for h in hs)) for hs in hops], ser)
         return msg
 
     @staticmethod
-    def _pick(msg: Message):
-        """The hops of the next train of a sprayed message (smooth weighted round robin)."""
-        hops, weights, credit, total = msg.spray
-        best = 0
-        for i, w in enumerate(weights):
-            credit[i] += w
-            if credit[i] > credit[best]:
-                best = i
-        credit[best] -= total
+    def _pick(msg: Message, n: int):
+        """The hops of the next train (``n`` flits) of a sprayed message: the path where it
+        would arrive first (``message``)."""
+        hops, ends, ser = msg.spray
+        best, when = 0, None
+        for i, end in enumerate(ends):
+            t = end + n * ser[i]
+            if when is None or t < when:
+                best, when = i, t
+        ends[best] = when
         return hops[best]
 
     def _hops(self, path: tuple) -> list:
@@ -224,7 +226,7 @@ class Network(MulticastMechanics):
         """Put a train of ``msg`` at the input of its first link: its first flit arrives at
         ``head``, its last at ``tail`` (attribution ``chain``)."""
         msg.pending += 1
-        tr = Train(msg, first, n, head, tail, chain, None if msg.spray is None else self._pick(msg))
+        tr = Train(msg, first, n, head, tail, chain, None if msg.spray is None else self._pick(msg, n))
         self.engine.at(head, self._start, tr, priority=EDGE)
 
     def send(self, msg: Message, t: int, chain, whole: bool = False) -> None:
@@ -246,19 +248,20 @@ class Network(MulticastMechanics):
             # mode commits a path when it is sent: cross it now, without a train event (the
             # same times as the train event would give on a private link).
             msg.pending += 1
-            self._reserve(Train(msg, 0, msg.n_flits, t, t, chain, None if msg.spray is None else self._pick(msg)))
+            hops = None if msg.spray is None else self._pick(msg, msg.n_flits)
+            self._reserve(Train(msg, 0, msg.n_flits, t, t, chain, hops))
             return
         msg.pending += len(trains)
         msg.backlog = (trains, 1, t, chain) if len(trains) > 1 else None
         first, n = trains[0]
-        tr = Train(msg, first, n, t, t, chain, None if msg.spray is None else self._pick(msg))
+        tr = Train(msg, first, n, t, t, chain, None if msg.spray is None else self._pick(msg, n))
         self.engine.at(t, self._start, tr, priority=EDGE)
 
     def _next_train(self, msg: Message) -> None:
         trains, k, t, chain = msg.backlog
         msg.backlog = (trains, k + 1, t, chain) if k + 1 < len(trains) else None
         first, n = trains[k]
-        tr = Train(msg, first, n, t, t, chain, None if msg.spray is None else self._pick(msg))
+        tr = Train(msg, first, n, t, t, chain, None if msg.spray is None else self._pick(msg, n))
         self.engine.at(self.engine.now, self._start, tr, priority=NODE)
 
     def _hop(self, tr: Train) -> None:
