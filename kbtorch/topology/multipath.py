@@ -10,8 +10,9 @@ machine's ``[routing]`` policy (docs/topology-format.md).
   each the least-latency route from the port on, not revisiting a node; a message that
   needs no port (it stays inside the chip) takes its single route.
 
-Each path gets packets in proportion to its bottleneck bandwidth (``weights``): a smooth
-weighted round robin over the message's trains, so the order is deterministic.
+Each path's weight is its bottleneck bandwidth; the network sends each packet (train) on
+the path where it would arrive first (``sim.network.Network.message``), and the models load
+each path by its share of the bandwidth.
 """
 from __future__ import annotations
 
