@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import pytest
 
 from kbtorch.sim import resources, symmetry
-from kbtorch.sim.commands import Command, Compute, Composite, Dma, Fetch, Send, Store
+from kbtorch.sim.commands import Command, Compute, Composite, Dma, Fetch, Multicast, Send, Store
 from kbtorch.sim.components import pe
 from kbtorch.sim.registry import Registry, UnknownCommand
 from kbtorch.sim.simulator import Simulator
@@ -49,7 +49,7 @@ def test_a_type_is_registered_once():
 
 @pytest.mark.parametrize("registry", [pe.EXECUTE, symmetry.PATHS, resources.LOAD])
 def test_every_command_type_has_a_handler_in_every_registry(registry):
-    assert set(registry.own) == {Dma, Compute, Send, Fetch, Store, Composite}
+    assert set(registry.own) == {Dma, Compute, Send, Fetch, Store, Composite, Multicast}
 
 
 def test_simulating_an_unregistered_command_names_it(ahbm):

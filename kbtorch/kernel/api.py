@@ -7,6 +7,8 @@ memory model ``runtime.memory``: PEs that share a memory node get disjoint range
 
 - ``dma_read`` (HBM/SRAM/remote -> TCM) and ``dma_write`` (TCM -> HBM/SRAM/remote),
 - ``fetch`` (TCM -> GEMM/MATH engine), ``gemm``, ``math``, ``store`` (engine -> TCM),
+- ``multicast`` (one payload to several memories; the routers replicate it where the routes
+  part, on a machine that declares multicast there),
 - ``send`` (an IPCQ message that raises a semaphore of another PE),
 - ``composite`` (a tiled DMA_READ -> FETCH -> GEMM/MATH -> STORE -> DMA_WRITE pipeline).
 
@@ -18,7 +20,9 @@ a fresh simulator; the result is the simulator's ``RunResult``.
 """
 from __future__ import annotations
 
-from ..sim.commands import Composite, Compute, Dma, Fetch, Loc, Send, Signal, Store, Wait
+from ..sim.commands import Composite, Compute, Dma, Fetch, Loc, Multicast, Send, Signal, Store, Wait
+from ..sim.components.dma import data_path
+from ..sim.multicast import MulticastError, can_multicast, check, tree
 from ..sim.simulator import RunResult, Simulator
 from ..sim import symmetry
 from ..runtime.memory import AllocationError, Buf, Memories
@@ -139,6 +143,31 @@ class PEContext:
         """Write ``nbytes`` out of this PE (``stride``: bytes between the destination's bursts)."""
         return self._dma("dma_wr", src, dst, nbytes, stride, waits=_waits(wait), signals=_signals(signal),
                          notify=tuple(notify), label=label)
+
+    def multicast(self, src, dsts, nbytes: int, *, stride: int = 0, fallback: bool = False, wait=(), signal=(),
+                  notify=(), label="multicast"):
+        """Send ``nbytes`` from ``src`` to every destination of ``dsts`` (Locs, buffers or
+        memory node names) as one payload down the multicast tree (``sim.multicast``); the
+        command completes when all have it. On a machine without multicast where the routes
+        part: a ``MulticastError`` naming the node, or with ``fallback=True`` one unicast copy
+        per destination, labelled ``(unicast fallback)``."""
+        _count(nbytes, self._where("multicast size"))
+        _count(stride, self._where("multicast stride"), 0)
+        if isinstance(dsts, (str, Loc, Buf)) or not dsts:
+            raise ValueError(f"{self._where('multicast')}: dsts must be a non-empty list of destinations, got {dsts!r}")
+        s = self._end(src, nbytes, stride, "multicast source")
+        ends = tuple(self._end(d, nbytes, 0, f"multicast destination {i}") for i, d in enumerate(dsts))
+        try:
+            root = tree([data_path(self.machine, s.node, d.node) for d in ends])
+            unicast = fallback and not can_multicast(self.machine, root)
+            if not unicast:
+                check(self.machine, root, self._where(label))
+        except MulticastError as exc:
+            raise MulticastError(f"{self._where(label)}: {exc}" if not str(exc).startswith("kernel") else str(exc)) from None
+        own = s.node == self.info.node("tcm")
+        return self._add(Multicast(s, ends, nbytes, engine="dma_wr" if own else "dma_rd", src_stride=stride,
+                                   unicast=unicast, waits=_waits(wait), signals=_signals(signal),
+                                   notify=tuple(notify), label=f"{label} (unicast fallback)" if unicast else label))
 
     def fetch(self, nbytes: int, *, engine: str = "gemm", wait=(), signal=(), label="fetch"):
         _count(nbytes, self._where("fetch size"))

@@ -15,6 +15,9 @@ packet of a transfer:
   credit for its previous use has arrived.
 - copy: the value is written into the receiver's ``OUT`` (a DMA, or fused into the
   composite that produced it), with a remote increment of the receiver's version semaphore.
+  On a machine with multicast, the copies of one packet that a member sends to several
+  receivers in one step (``direct`` all-gather and broadcast) are ONE multicast command
+  when their tree splits only at multicast routers (``multicast_copies``).
 
 Semaphores: ``x{src}.{slot}`` (arrivals in a slot), ``c{dst}`` (credits from a receiver),
 ``k{src}`` (slot of that sender consumed), ``v{block}.{piece}`` or ``v{first}-{last}.{piece}``
@@ -28,6 +31,8 @@ from __future__ import annotations
 from collections import Counter
 
 from ..sim.commands import Move, Signal, Wait
+from ..sim.components.dma import data_path
+from ..sim.multicast import MulticastError, can_multicast, tree
 from .collective_layout import ROUND, KernelLayout
 
 MAX_WRITES = 3          # NOTE: a kernel choice (writes per composite), not hardware
@@ -43,6 +48,7 @@ class CollectiveKernel(KernelLayout):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self._arrivals: dict = {}
+        self.multicast = bool(self.m.multicast_nodes)
 
     # ---- emission -----------------------------------------------------------------------
     def _order(self):
@@ -90,9 +96,13 @@ class CollectiveKernel(KernelLayout):
         self.split: dict = {}
         self._use_indices()
         for rnd, k, step, pieces in self._order():
-            for x, bs, k0, ne in self._each(step, pieces):
-                if (id(x), bs[0], k0) not in self.fused:
-                    self._send(k, x, bs, k0, ne)
+            sends = [(x, bs, k0, ne) for x, bs, k0, ne in self._each(step, pieces) if (id(x), bs[0], k0) not in self.fused]
+            for group in (multicast_copies(self.m, self.grid.pes, sends) if self.multicast else ([s] for s in sends)):
+                if len(group) == 1 or len(self._split(group[0][0].src, group[0][1], group[0][2])) > 1:
+                    for x, bs, k0, ne in group:
+                        self._send(k, x, bs, k0, ne)
+                else:
+                    self._multicast(k, group)
             for x, bs, k0, ne in self._each(step, pieces):
                 self._receive((rnd, k), x, bs, k0, ne)
         for r in range(s.n):
@@ -202,6 +212,19 @@ class CollectiveKernel(KernelLayout):
                                       notify=(note,), label=f"s{k} {'red' if x.reduce else 'copy'} b{part[0]}"
                                       f"{'' if len(part) == 1 else f'-{part[-1]}'}.{k0} to {x.dst}")
 
+    def _multicast(self, k: int, group: list) -> None:
+        """One packet copied from one member to several receivers as one multicast."""
+        x, bs, k0, ne = group[0]
+        region = self._region(x.src, bs, k0, f"step {k} sends")
+        targets = [self._target(y, bs, k0) for y, *_ in group]
+        waits = self._version_wait(x.src, bs, k0)
+        if len(waits) > 2:
+            raise _TooManyWaits
+        self.ctx[x.src].multicast(self.span(x.src, region, bs, k0), [loc for loc, _ in targets], len(bs) * ne * self.eb,
+                                  wait=waits, notify=tuple(note for _, note in targets),
+                                  label=f"s{k} multicast b{bs[0]}{'' if len(bs) == 1 else f'-{bs[-1]}'}.{k0} "
+                                  f"to {', '.join(str(y.dst) for y, *_ in group)}")
+
     def _split(self, r: int, bs: tuple, k0: int) -> list:
         """``bs`` cut into runs whose current values at ``r`` need at most two semaphores."""
         parts, seen = [[]], set()
@@ -306,3 +329,37 @@ class CollectiveKernel(KernelLayout):
                       label=f"s{k} {self.math_op} b{bs[0]}{'' if len(bs) == 1 else f'-{bs[-1]}'}.{k0} from {src}")
         if signals and signals[0].sem == f"k{src}":
             ctx.send(self.grid.pes[src], f"c{r}", wait=f"k{src}", label=f"credit to {src}")
+
+
+def multicast_copies(machine, pes: tuple, sends: list) -> list:
+    """``sends`` ((xfer, blocks, piece, elements), in order) grouped: the copies of the same
+    packet from the same member, when the tree from its HBM to the receivers' HBMs splits only
+    at multicast routers, form one group (at the place of the first); the rest stay alone."""
+    groups, at = [], {}
+    for s in sends:
+        x, bs, k0, _ = s
+        if x.reduce:
+            groups.append([s])
+            continue
+        key = (x.src, bs, k0)
+        if key in at:
+            groups[at[key]].append(s)
+        else:
+            at[key] = len(groups)
+            groups.append([s])
+    out = []
+    for g in groups:
+        if len(g) > 1 and not _tree_ok(machine, pes[g[0][0].src], tuple(pes[y.dst] for y, *_ in g)):
+            out.extend([s] for s in g)
+        else:
+            out.append(g)
+    return out
+
+
+def _tree_ok(machine, src: int, dsts: tuple) -> bool:
+    """Whether member PE ``src``'s HBM reaches the HBMs of ``dsts`` by one multicast tree."""
+    try:
+        root = tree([data_path(machine, machine.pes[src].hbm, machine.pes[d].hbm) for d in dsts])
+    except MulticastError:
+        return False
+    return can_multicast(machine, root)

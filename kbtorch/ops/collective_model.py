@@ -19,13 +19,21 @@
   its alpha plus its bytes over the step's bottleneck link (the most loaded link of the
   step's transfers, HBM reads included, divided by its bandwidth); and never less than the
   time the busiest control processor needs to issue the kernel's commands.
+  Both know the machine's mechanisms: a sprayed transfer (``[routing]`` policy other than
+  ``single``) loads each of its paths by its share and streams at their summed bandwidth;
+  copies of one packet to several receivers that the kernel sends as one multicast
+  (``collective_kernel.multicast_copies``) load each link of their tree once. So
+  ``algo="auto"`` prefers ``direct`` all-gathers and broadcasts where multicast makes their
+  copies one, and weighs algorithms by the bandwidth of all paths where packets are sprayed.
 """
 from __future__ import annotations
 
 from collections import Counter
 
-from ..sim.components.dma import data_path
+from ..sim.components.dma import data_path, data_paths
+from ..sim.multicast import tree
 from ..sim.resources import resource_ps  # noqa: F401 (part of this module's models)
+from .collective_kernel import _tree_ok
 
 
 def describe(resource) -> str:
@@ -52,7 +60,13 @@ def _xfer_alpha(machine, src_pe: int, dst_pe: int, reduce: bool) -> int:
 def _xfer_beta(machine, src_pe: int, dst_pe: int, reduce: bool) -> int:
     """The flit time (ps) of the slowest link on a transfer's data path."""
     s, d = machine.pes[src_pe], machine.pes[dst_pe]
-    path = data_path(machine, s.node("tcm"), d.node("tcm") if reduce else d.hbm)
+    src, dst = s.node("tcm"), d.node("tcm") if reduce else d.hbm
+    if machine.multipath:
+        # NOTE: a sprayed packet streams over all its paths at once: their summed bandwidth.
+        paths = data_paths(machine, src, dst)
+        if len(paths) > 1:
+            return max(1, round(machine.flit_bytes * 1000 / sum(w for _, w in paths)))
+    path = data_path(machine, src, dst)
     g = machine.graph
     return max(g.edges[u, v]["flit_ps"] for u, v in zip(path, path[1:]))
 
@@ -157,17 +171,64 @@ def alpha_beta_ps(machine, sched, pes: tuple, block_bytes: int, packet_bytes: in
         sig = tuple((x.src, x.dst, x.reduce, len(x.blocks)) for x in step)
         if sig not in worst:
             loads: Counter = Counter()
-            for x in step:
-                key = (pes[x.src], pes[x.dst], x.reduce)
-                edges = cache.get(key)
-                if edges is None:
-                    s, d = machine.pes[key[0]], machine.pes[key[1]]
-                    path = data_path(machine, s.hbm, d.node("tcm") if x.reduce else d.hbm)
-                    own = data_path(machine, d.hbm, d.node("tcm")) if x.reduce else ()
-                    edges = cache[key] = [(e, g.edges[e]["flit_ps"]) for p in (path, own) for e in zip(p, p[1:])]
+            for group in _groups(machine, pes, step):
+                x = group[0]
+                if len(group) > 1:
+                    edges = _tree_edges(machine, pes[x.src], tuple(pes[y.dst] for y in group))
+                else:
+                    key = (pes[x.src], pes[x.dst], x.reduce)
+                    edges = cache.get(key)
+                    if edges is None:
+                        edges = cache[key] = _xfer_edges(machine, *key)
                 n = max(1, -(-len(x.blocks) * block_bytes // fb))
                 for e, ps in edges:
                     loads[e] += n * ps
-            worst[sig] = max(loads.values()) if loads else 0
+            worst[sig] = round(max(loads.values())) if loads else 0
         total += alpha + worst[sig]
     return max(total, issue_ps(machine, sched, block_bytes, packet_bytes))
+
+
+def _groups(machine, pes: tuple, step) -> list:
+    """A step's transfers as the kernel sends them: copies of the same blocks from the same
+    member that one multicast tree reaches form one group (a machine with multicast)."""
+    if not machine.multicast_nodes:
+        return [[x] for x in step]
+    groups, at = [], {}
+    for x in step:
+        key = None if x.reduce else (x.src, tuple(x.blocks))
+        if key is not None and key in at:
+            groups[at[key]].append(x)
+            continue
+        if key is not None:
+            at[key] = len(groups)
+        groups.append([x])
+    out = []
+    for g in groups:
+        if len(g) > 1 and not _tree_ok(machine, pes[g[0].src], tuple(pes[y.dst] for y in g)):
+            out.extend([y] for y in g)
+        else:
+            out.append(g)
+    return out
+
+
+def _tree_edges(machine, src: int, dsts: tuple) -> list:
+    """(link, flit ps) of the multicast tree from PE ``src``'s HBM to the HBMs of ``dsts``."""
+    g = machine.graph
+    root = tree([data_path(machine, machine.pes[src].hbm, machine.pes[d].hbm) for d in dsts])
+    return [(e, g.edges[e]["flit_ps"]) for e in root.edges()]
+
+
+def _xfer_edges(machine, src: int, dst: int, reduce: bool) -> list:
+    """(link, flit ps) of one transfer: its data path (a sprayed one: each path's links at
+    its share of the packets) and, for a reduction, the receiver's read of its own value."""
+    g = machine.graph
+    s, d = machine.pes[src], machine.pes[dst]
+    end = d.node("tcm") if reduce else d.hbm
+    own = data_path(machine, d.hbm, d.node("tcm")) if reduce else ()
+    out = [(e, g.edges[e]["flit_ps"]) for e in zip(own, own[1:])]
+    if machine.multipath:
+        paths = data_paths(machine, s.hbm, end)
+        total = sum(w for _, w in paths)
+        return [(e, g.edges[e]["flit_ps"] * w / total) for p, w in paths for e in zip(p, p[1:])] + out
+    path = data_path(machine, s.hbm, end)
+    return [(e, g.edges[e]["flit_ps"]) for e in zip(path, path[1:])] + out

@@ -19,7 +19,7 @@ from ..kernel import launch
 from ..sim.simulator import RunResult
 from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, check_pes, dtype_of, register, tflops
 from .gemm_kernel import gemm_kernel
-from .gemm_model import NEAR, GemmEstimate, candidates, estimate, fit_counts
+from .gemm_model import NEAR, GemmEstimate, candidates, estimate, fit_counts, multicast_gangs
 from .gemm_plan import GemmTiling, check_shape, output_tiles, plan, split, steps
 
 # NOTE: how much simulation the automatic tiling spends confirming (not hardware).
@@ -55,9 +55,10 @@ def simulate(machine, m, n, k, dtype, pes, tiling, composite=True, mode="fast", 
              out_dtype=None) -> RunResult:
     """The timing pass alone."""
     used = pes[: tiling.grid[0] * tiling.grid[1] * tiling.grid[2]]
-    shards = {s.pe: s for s in plan(m, n, k, used, tiling)}
-    return launch(gemm_kernel, used, machine, shards, tiling, dtype, composite, out_dtype, mode=mode, trace=trace,
-                  name="gemm")
+    blocks = plan(m, n, k, used, tiling)
+    gangs = multicast_gangs(machine, blocks, tiling) if composite else {}
+    return launch(gemm_kernel, used, machine, {s.pe: s for s in blocks}, tiling, dtype, composite, out_dtype, gangs,
+                  mode=mode, trace=trace, name="gemm")
 
 
 def auto_tiling(machine, m, n, k, dtype, pes, out_dtype=None) -> tuple[GemmTiling, RunResult | None]:

@@ -3,14 +3,17 @@
 Per output tile the PE streams its K steps through a composite (DMA_READ A and B tiles ->
 FETCH -> GEMM -> STORE -> DMA_WRITE C), or, with ``composite=False``, issues the same work
 as individual commands chained by semaphores (reads may run two steps ahead; fetch and
-compute share the GEMM engine's queue, so they do not overlap). The engine runs at the peak
+compute share the GEMM engine's queue, so they do not overlap). On a machine with multicast,
+``gangs`` (``gemm_plan.gangs``) lets a grid row share its A tiles and a grid column its B
+tiles: each tile is read once from HBM by one member and multicast into every member's
+staging buffer (the composite's read ``Move`` carries a ``Share``). The engine runs at the peak
 of the dtype's rate (``DType.rate``: both fp8 formats at ``fp8``). With a K split, the
 non-owners write their fp32 partial tiles into the owner's TCM and ring its IPCQ; the owner
 sums them on its MATH engine and writes C.
 """
 from __future__ import annotations
 
-from ..sim.commands import Move, Wait
+from ..sim.commands import Move, Share, Wait
 from .contract import DTYPES
 from .gemm_plan import Block, GemmTiling, output_tiles, steps
 from .layout import ACC_BYTES
@@ -45,8 +48,9 @@ class Layout:
 
 
 def gemm_kernel(ctx, shards: dict, tiling: GemmTiling, dtype: str, composite: bool,
-                out_dtype: str | None = None) -> None:
-    """Queue PE ``ctx.pe``'s commands for its shard of the GEMM (C in ``out_dtype``, default ``dtype``)."""
+                out_dtype: str | None = None, gangs: dict | None = None) -> None:
+    """Queue PE ``ctx.pe``'s commands for its shard of the GEMM (C in ``out_dtype``, default
+    ``dtype``; ``gangs``: ``{pe: (A gang, B gang)}`` of the operand tiles shared by multicast)."""
     shard = shards.get(ctx.pe)
     if shard is None:
         return
@@ -67,8 +71,11 @@ def gemm_kernel(ctx, shards: dict, tiling: GemmTiling, dtype: str, composite: bo
             dst = None if owner else _partial_loc(ctx, shard, lay, t, rows, cols, r, c)
         else:
             dst = ctx.buffer("c_block").loc(lay.c(r, rows, c))
-        emit = _composite_tile if composite else _chained_tile
-        issued = emit(ctx, lay, tiling, dtype, (r, rows, c, cols), dst, "mine" if last else None, issued)
+        if composite:
+            share = _shares(shard, tiling, (gangs or {}).get(ctx.pe), t)
+            _composite_tile(ctx, lay, tiling, dtype, (r, rows, c, cols), dst, "mine" if last else None, share)
+        else:
+            issued = _chained_tile(ctx, lay, tiling, dtype, (r, rows, c, cols), dst, "mine" if last else None, issued)
     if lay.split > 1:
         _reduce(ctx, shard, lay, dtype, owner)
 
@@ -91,7 +98,17 @@ def _k_groups(kp: int, tk: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _composite_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, issued: int) -> int:
+def _shares(shard: Block, tiling: GemmTiling, gang, t: int):
+    """The ``Share`` keys of output tile ``t``'s A and B reads (a function of the K group)."""
+    if gang is None:
+        return lambda g: (None, None)
+    gm, gn, gk = tiling.grid
+    a, b, c = shard.rank // (gn * gk), (shard.rank // gk) % gn, shard.rank % gk
+    ga, gb = gang
+    return lambda g: (ga and Share(f"gemm A {a},{c} t{t} g{g}", ga), gb and Share(f"gemm B {b},{c} t{t} g{g}", gb))
+
+
+def _composite_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, share) -> None:
     r, rows, c, cols = tile
     groups = _k_groups(lay.kp, tiling.tile[2])
     staging, a, b = (ctx.buffer(n) for n in ("staging", "a_panel", "b_panel"))
@@ -100,13 +117,13 @@ def _composite_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, issued: 
         a_bytes, b_bytes = rows * depth * lay.eb, depth * cols * lay.eb
         out_bytes = rows * cols * (ACC_BYTES if dst is None or lay.split > 1 else lay.ob)
         writes = (Move(dst, out_bytes),) if final and dst is not None else ()
+        sa, sb = share(g)
         ctx.composite(tiles=count, staging=staging.loc(), buffers=BUFFERS, accumulate=count, dtype=DTYPES[dtype].rate,
-                      reads=(Move(a.loc(lay.a(r, rows, k0)), a_bytes, a_bytes),
-                             Move(b.loc(lay.b(c, cols, k0)), b_bytes, b_bytes)),
+                      reads=(Move(a.loc(lay.a(r, rows, k0)), a_bytes, a_bytes, share=sa),
+                             Move(b.loc(lay.b(c, cols, k0)), b_bytes, b_bytes, share=sb)),
                       fetch_bytes=a_bytes + b_bytes, flops=2 * rows * cols * depth,
                       store_bytes=rows * cols * ACC_BYTES if final else 0, writes=writes,
                       signal=(signal,) if final and signal else (), label=f"gemm tile {r},{c} k{k0}")
-    return issued
 
 
 def _chained_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, issued: int) -> int:

@@ -17,8 +17,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from ..sim.components.dma import data_path
+from ..sim.multicast import MulticastError, can_multicast, tree
 from .contract import DTYPES
-from .gemm_plan import GemmTiling, plan
+from .gemm_plan import GemmTiling, gangs, plan
 from .layout import ACC_BYTES, tcm_budget
 
 # NOTE: the search space of the automatic tiling (tile configs as data), not hardware.
@@ -42,6 +44,71 @@ class GemmEstimate:
     bound: str
 
 
+def multicast_gangs(machine, shards: list, tiling: GemmTiling) -> dict:
+    """``{pe: (A gang, B gang)}`` of the operand tiles the kernel shares by multicast: the
+    plan's gangs (``gemm_plan.gangs``) whose trees, from every member's HBM to every member's
+    TCM, split only at nodes with multicast; empty on a machine without multicast."""
+    if not machine.multicast_nodes:
+        return {}
+
+    def usable(gang) -> tuple | None:
+        return gang if gang is not None and _gang_ok(machine, gang) else None
+
+    out = {pe: (usable(a), usable(b)) for pe, (a, b) in gangs(shards, tiling).items()}
+    return {pe: g for pe, g in out.items() if g != (None, None)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _gang_ok(machine, gang: tuple) -> bool:
+    """Whether every member of ``gang`` can multicast from its HBM to all members' TCMs."""
+    tcms = [machine.pes[p].node("tcm") for p in gang]
+    try:
+        return all(can_multicast(machine, tree([data_path(machine, machine.pes[p].hbm, d) for d in tcms]))
+                   for p in gang)
+    except MulticastError:
+        return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _sharing(machine, m: int, n: int, k: int, used: tuple, tiling: GemmTiling) -> tuple:
+    """``({pe: (A gang size, B gang size)}, elements)``: the PEs that share operand tiles by
+    multicast, and the operand elements the busiest NoC link carries over the whole GEMM
+    divided by its GB/s (each tree link once per gang; unshared reads on their own path)."""
+    shards = plan(m, n, k, list(used), tiling)
+    shared = multicast_gangs(machine, shards, tiling)
+    tm, tn, _ = tiling.tile
+    load: dict = {}
+    done = set()
+    for s in shards:
+        mp, np_, kp = s.shape
+        a_elems, b_elems = mp * kp * -(-np_ // tn), kp * np_ * -(-mp // tm)
+        for gang, elems in zip(shared.get(s.pe, (None, None)), (a_elems, b_elems)):
+            if gang is None:
+                edges = _edges(machine, machine.pes[s.pe].hbm, (s.pe,))
+            elif (gang, elems) in done:
+                continue
+            else:
+                done.add((gang, elems))
+                edges = _edges(machine, machine.pes[gang[0]].hbm, gang)
+            for e in edges:
+                load[e] = load.get(e, 0) + elems
+    g = machine.graph
+    worst = max((x / g.edges[e]["bw_gbps"] for e, x in load.items()), default=0.0)
+    return {pe: (len(a) if a else 1, len(b) if b else 1) for pe, (a, b) in shared.items()}, worst
+
+
+@functools.lru_cache(maxsize=4096)
+def _edges(machine, hbm: str, pes: tuple) -> tuple:
+    """The links of the tree (a path for one PE) from ``hbm`` into the TCMs of ``pes``."""
+    return tuple(tree([data_path(machine, hbm, machine.pes[p].node("tcm")) for p in pes]).edges())
+
+
+def _memory_gbps(machine, pe: int, active: dict) -> float:
+    """HBM bandwidth (GB/s) of PE ``pe``'s part of its memory, whatever its port."""
+    ctrl, own, up = machine.hbm_port(pe)
+    return min(own, up / active[ctrl])
+
+
 def _hbm_gbps(machine, pe: int, active: dict) -> float:
     """HBM bandwidth (GB/s) PE ``pe`` gets from its own slice with ``active`` slices per
     controller streaming."""
@@ -57,37 +124,45 @@ def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: Gem
     # the first composite's issue and the control overheads before it reaches its engine
     issue = machine.issue.kind_ps("composite", moves=3, stages=3) / 1000 + machine.control_ps(used[0]) / 1000
     worst = None
-    for s, hbm, trip in _shard_classes(machine, m, n, k, used, tiling.grid, tiling.partial):
-        est = _pe_estimate(machine, s, tiling, dtype, (eb, ob), hbm, trip, issue)
+    sizes, link = _sharing(machine, m, n, k, used, tiling) if machine.multicast_nodes else ({}, 0.0)
+    classes = _shard_classes(machine, m, n, k, used, tiling.grid, tiling.partial, tuple(sorted(sizes.items())))
+    for s, hbm, trip, mem in classes:
+        est = _pe_estimate(machine, s, tiling, dtype, (eb, ob), hbm, trip, issue, sizes.get(s.pe), mem, link * eb)
         if worst is None or est.ns > worst.ns:
             worst = est
     return worst
 
 
 @functools.lru_cache(maxsize=1024)
-def _shard_classes(machine, m: int, n: int, k: int, used: tuple, grid: tuple, partial: bool) -> tuple:
-    """One (shard, HBM GB/s, round trip ns) per distinct kind of PE of the plan: the tile
-    size does not change which PE gets which block."""
+def _shard_classes(machine, m: int, n: int, k: int, used: tuple, grid: tuple, partial: bool,
+                   gangs: tuple = ()) -> tuple:
+    """One (shard, HBM GB/s, round trip ns, memory GB/s) per distinct kind of PE of the plan
+    (the HBM GB/s through its port, the memory's alone): the tile size does not change which
+    PE gets which block; ``gangs``: ``((pe, (A, B gang sizes)), ...)`` of PEs sharing tiles, which
+    makes a kind of its own)."""
     shards = plan(m, n, k, list(used), GemmTiling(grid, (1, 1, 1), partial))
     active: dict = {}
     for s in shards:
         ctrl = machine.hbm_port(s.pe)[0]
         active[ctrl] = active.get(ctrl, 0) + 1
-    out, seen = [], set()
+    out, seen, gang = [], set(), dict(gangs)
     for s in shards:
         hbm, trip = _hbm_gbps(machine, s.pe, active), machine.read_trip_ns(s.pe)
-        key = (s.shape, len(s.peers), hbm, trip)
+        key = (s.shape, len(s.peers), hbm, trip, gang.get(s.pe))
         if key not in seen:
             seen.add(key)
-            out.append((s, hbm, trip))
+            out.append((s, hbm, trip, _memory_gbps(machine, s.pe, active)))
     return tuple(out)
 
 
 def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, sizes: tuple, hbm: float, trip: float,
-                 issue: float) -> GemmEstimate:
+                 issue: float, gang: tuple | None = None, mem: float = 0.0, link_ns: float = 0.0) -> GemmEstimate:
     """Pipeline time of one PE: every tile class at its slowest stage (``_steady_ns``), plus
     one tile through the other stages (fill and drain), the last output tile's store and
-    write, and the first issue."""
+    write, and the first issue. ``gang``: the sizes of the gangs sharing its A and B tiles by
+    multicast (this PE reads 1/size of them from HBM at ``mem`` GB/s, its part of the memory,
+    and receives all through its port); ``link_ns``: the busiest NoC link's time for the
+    operands (0: not modeled, as on a machine without multicast)."""
     g, info = machine.graph, machine.pes[s.pe]
     (eb, ob), (mp, np_, kp) = sizes, s.shape
     peak = machine.engine_tflops(s.pe, "gemm", DTYPES[dtype].rate) * 1000     # flop/ns
@@ -96,12 +171,24 @@ def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, sizes: tuple, hbm: 
     row_tiles, col_tiles = -(-mp // tm), -(-np_ // tn)
     n = row_tiles * col_tiles * -(-kp // tk)
     read = (mp * kp * col_tiles + kp * np_ * row_tiles) * eb
-    stages = {"DMA": read / hbm + n * trip, "TCM": read / tcm_gbps, "compute": 2 * mp * np_ * kp / peak}
+    share = None
+    if gang is not None:
+        # NOTE: HBM serves this PE's share of the reads at its part of the memory; the port
+        # into its TCM takes every tile.
+        share = (gang, mem, machine.port_gbps(s.pe, "dma_rd"))
+        own = (mp * kp * col_tiles / gang[0] + kp * np_ * row_tiles / gang[1]) * eb
+        dma = max(own / share[1], read / share[2]) + n * trip
+    else:
+        dma = read / hbm + n * trip
+    stages = {"DMA": dma, "TCM": read / tcm_gbps, "compute": 2 * mp * np_ * kp / peak}
+    if link_ns:
+        stages["NoC"] = link_ns
     bound = max(stages, key=stages.get)
     fill = sum(v / n for k, v in stages.items() if k != bound)
     rows, cols = mp - (row_tiles - 1) * tm, np_ - (col_tiles - 1) * tn
     steady = _steady_ns(((tm, row_tiles - 1), (rows, 1)), ((tn, col_tiles - 1), (cols, 1)), kp, tk, eb,
-                        hbm, tcm_gbps, peak, trip)
+                        hbm, tcm_gbps, peak, trip, share)
+    steady = max(steady, link_ns)
     last = rows * cols * (ACC_BYTES if len(s.peers) > 1 else ob)
     overhead = issue + fill + last / tcm_gbps + last / hbm + trip / 2
     if len(s.peers) > 1:
@@ -115,9 +202,10 @@ def _pe_estimate(machine, s, tiling: GemmTiling, dtype: str, sizes: tuple, hbm: 
 
 
 def _steady_ns(row_classes, col_classes, kp: int, tk: int, eb: int, hbm: float, tcm: float, peak: float,
-               trip: float) -> float:
+               trip: float, share=None) -> float:
     """Pipelined time of all K steps: each class of tiles (full or edge rows x full or edge
-    columns, full or short K step) runs at its own slowest stage."""
+    columns, full or short K step) runs at its own slowest stage (``share``: ((A gang, B
+    gang), HBM GB/s, port GB/s) of a PE sharing its tiles by multicast)."""
     total = 0.0
     k_classes = ((tk, kp // tk), (kp % tk, 1))
     for rows, nr in row_classes:
@@ -126,7 +214,12 @@ def _steady_ns(row_classes, col_classes, kp: int, tk: int, eb: int, hbm: float, 
                 if nr * nc * nk == 0 or rows * cols * depth == 0:
                     continue
                 tile = (rows * depth + depth * cols) * eb
-                step = max(tile / hbm + trip, tile / tcm, 2 * rows * cols * depth / peak)
+                if share is None:
+                    dma = tile / hbm + trip
+                else:
+                    (ka, kb), mem, port = share
+                    dma = max((rows * depth / ka + depth * cols / kb) * eb / mem, tile / port) + trip
+                step = max(dma, tile / tcm, 2 * rows * cols * depth / peak)
                 total += nr * nc * nk * step
     return total
 

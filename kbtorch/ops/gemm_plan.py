@@ -107,3 +107,28 @@ def output_tiles(shard: Block, tiling: GemmTiling) -> list[tuple[int, int, int, 
             c += cols
         r += rows
     return out
+
+
+def gangs(shards: list, tiling: GemmTiling) -> dict:
+    """``{pe: (A gang, B gang)}``: the PEs that can share each operand tile by multicast.
+
+    The A gang of PE ``(a, b, c)`` is every PE ``(a, *, c)`` (the same rows of A and K range),
+    the B gang every PE ``(*, b, c)``; a gang shares only if all its members walk the same
+    sequence of tiles of that operand (the same number of column tiles for A, of row tiles
+    for B), else that entry is None, as it is for a gang of one PE."""
+    gm, gn, gk = tiling.grid
+    tm, tn, _ = tiling.tile
+    by_rank = {s.rank: s for s in shards}
+    out = {}
+    for s in shards:
+        a, b, c = s.rank // (gn * gk), (s.rank // gk) % gn, s.rank % gk
+        row = [by_rank[(a * gn + j) * gk + c] for j in range(gn)]
+        col = [by_rank[(i * gn + b) * gk + c] for i in range(gm)]
+        out[s.pe] = (_gang(row, lambda x: -(-x.shape[1] // tn)), _gang(col, lambda x: -(-x.shape[0] // tm)))
+    return out
+
+
+def _gang(members: list, walk) -> tuple | None:
+    if len(members) < 2 or len({walk(x) for x in members}) != 1:
+        return None
+    return tuple(x.pe for x in members)

@@ -90,6 +90,31 @@ class Dma(Command):
 
 
 @dataclass(frozen=True)
+class Multicast(Command):
+    """Move ``nbytes`` from ``src`` to every ``Loc`` of ``dsts`` as one payload: the routers
+    replicate it where the routes part (``sim.multicast``), so the source is read once and
+    every link of the tree carries it once. The command completes (signals, notifies) when
+    every destination has committed it. ``unicast=True`` is the named fallback for a machine
+    without multicast at the split points: one copy per destination from the same engine,
+    in parallel (the source read once per copy).
+    """
+
+    src: Loc
+    dsts: tuple
+    nbytes: int
+    engine: str = "dma_rd"
+    src_stride: int = 0
+    unicast: bool = False
+
+    KIND = "dma"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.dsts or not all(isinstance(d, Loc) for d in self.dsts):
+            raise ValueError(f"{self.describe()}: dsts takes one or more Loc entries, got {self.dsts!r}")
+
+
+@dataclass(frozen=True)
 class Compute(Command):
     """Occupy the GEMM or MATH engine for ``flops`` at its ``dtype`` rate."""
 
@@ -138,6 +163,26 @@ class Move:
     nbytes: int
     step: int = 0
     stride: int = 0
+    share: "Share | None" = None
+
+
+@dataclass(frozen=True)
+class Share:
+    """A composite read move shared by a gang of PEs through multicast.
+
+    Every member's composite carries a read ``Move`` with the same ``key``; tile ``i`` of it
+    is read ONCE, by member ``pes[i % len(pes)]`` from its own ``Move.loc``, and multicast
+    into every member's staging buffer. It starts when every member's read stage has taken
+    tile ``i`` (each member's buffer for it is free: credit flow control), and a member's
+    read of tile ``i`` is done when its own copy has landed.
+    """
+
+    key: str
+    pes: tuple
+
+    def __post_init__(self):
+        if len(self.pes) < 2 or len(set(self.pes)) != len(self.pes):
+            raise ValueError(f"share '{self.key}': a gang of two or more distinct PEs, got {self.pes!r}")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from math import ceil
 from .. import limits
 from .calendar import avail, forget, occupy
 from .engine import EDGE, NODE
+from .multicast import MulticastMechanics
 
 
 @dataclass(frozen=True)
@@ -87,13 +88,16 @@ class Hop:
 
 
 class Train:
-    """Consecutive flits of one message, moving hop by hop (one engine event per hop)."""
+    """Consecutive flits of one message, moving hop by hop (one engine event per hop).
 
-    __slots__ = ("msg", "hop", "first", "n", "head", "tail", "chain")
+    ``hops``: the hops it crosses (the message's path; a multicast tree's branch ``br``)."""
 
-    def __init__(self, msg, first: int, n: int, head: int, tail: int, chain):
+    __slots__ = ("msg", "hop", "first", "n", "head", "tail", "chain", "hops", "br")
+
+    def __init__(self, msg, first: int, n: int, head: int, tail: int, chain, hops=None, br=None):
         self.msg, self.hop, self.first, self.n = msg, 0, first, n
         self.head, self.tail, self.chain = head, tail, chain
+        self.hops, self.br = msg.hops if hops is None else hops, br
 
 
 class Message:
@@ -106,16 +110,18 @@ class Message:
     """
 
     __slots__ = ("corr", "path", "hops", "n_flits", "pending", "done_t", "done_chain",
-                 "deliver", "on_done", "on_sent", "what", "backlog")
+                 "deliver", "on_done", "on_sent", "what", "backlog", "kids", "leaves", "spray")
 
     def __init__(self, corr, path, hops, n_flits, deliver, on_done, on_sent, what):
         self.corr, self.path, self.hops, self.n_flits = corr, path, hops, n_flits
         self.deliver, self.on_done, self.on_sent, self.what = deliver, on_done, on_sent, what
         self.pending, self.done_t, self.done_chain, self.backlog = 0, -1, None, None
+        self.kids, self.leaves, self.spray = None, None, None
 
 
-class Network:
-    """All links of one run, and the train mechanics that move messages across them."""
+class Network(MulticastMechanics):
+    """All links of one run, and the train mechanics that move messages across them
+    (multicast trees: ``multicast.MulticastMechanics``)."""
 
     def __init__(self, engine, machine, policy: TrainPolicy):
         if policy.chunk_flits < 1:
@@ -147,18 +153,47 @@ class Network:
     def flits(self, nbytes: int) -> int:
         return max(1, -(-nbytes // self.flit_bytes))
 
-    def message(self, path: tuple, n_flits: int, deliver, on_done, on_sent=None, what="msg") -> Message:
-        """A new message on ``path`` (a tuple of node names), stamped with a correlation ID."""
+    def message(self, path: tuple, n_flits: int, deliver, on_done, on_sent=None, what="msg", spray=None) -> Message:
+        """A new message on ``path`` (a tuple of node names), stamped with a correlation ID.
+
+        ``spray``: ``((path, weight), ...)`` of two or more paths (weight: bottleneck GB/s): each
+        train (a packet) goes on the path where it would arrive first, by the path's head
+        latency and the trains this message already put on it at its bottleneck rate
+        (earliest-arrival spraying; it does not see other messages, so it is deterministic).
+        A short message stays on the fastest path; a long one spreads in proportion to the
+        bandwidths. Trains may arrive out of order; the message completes when the last one
+        is committed. ``path`` is then the first of them."""
         if self._flit_limit is not None:
             self._flits += n_flits
             if self._flits > self._flit_limit:
                 limits.check("flits", self._flits, "a flit-exact run (one event per flit)")
+        msg = Message(self.engine.new_corr(), path, self._hops(path), n_flits, deliver, on_done, on_sent, what)
+        if spray is not None and len(spray) > 1:
+            hops = [self._hops(p) for p, _ in spray]
+            ser = [self.flit_bytes * 1000 / w for _, w in spray]
+            msg.spray = (hops, [float(sum(h.total for h in hs)) for hs in hops], ser)
+        return msg
+
+    @staticmethod
+    def _pick(msg: Message, n: int):
+        """The hops of the next train (``n`` flits) of a sprayed message: the path where it
+        would arrive first (``message``)."""
+        hops, ends, ser = msg.spray
+        best, when = 0, None
+        for i, end in enumerate(ends):
+            t = end + n * ser[i]
+            if when is None or t < when:
+                best, when = i, t
+        ends[best] = when
+        return hops[best]
+
+    def _hops(self, path: tuple) -> list:
         hops = self._paths.get(path)
         if hops is None:
             g = self.machine.graph
             hops = self._paths[path] = [Hop(self.link(u, v), v, g.nodes[v]["overhead_ps"])
                                         for u, v in zip(path, path[1:])]
-        return Message(self.engine.new_corr(), path, hops, n_flits, deliver, on_done, on_sent, what)
+        return hops
 
     def chunks(self, n_flits: int):
         """(first flit, flit count) of each train of a message of ``n_flits``.
@@ -199,7 +234,8 @@ class Network:
         """Put a train of ``msg`` at the input of its first link: its first flit arrives at
         ``head``, its last at ``tail`` (attribution ``chain``)."""
         msg.pending += 1
-        self.engine.at(head, self._start, Train(msg, first, n, head, tail, chain), priority=EDGE)
+        tr = Train(msg, first, n, head, tail, chain, None if msg.spray is None else self._pick(msg, n))
+        self.engine.at(head, self._start, tr, priority=EDGE)
 
     def send(self, msg: Message, t: int, chain, whole: bool = False) -> None:
         """Inject all of ``msg`` at time ``t``: every flit is ready at the source.
@@ -220,27 +256,33 @@ class Network:
             # mode commits a path when it is sent: cross it now, without a train event (the
             # same times as the train event would give on a private link).
             msg.pending += 1
-            self._reserve(Train(msg, 0, msg.n_flits, t, t, chain))
+            hops = None if msg.spray is None else self._pick(msg, msg.n_flits)
+            self._reserve(Train(msg, 0, msg.n_flits, t, t, chain, hops))
             return
         msg.pending += len(trains)
         msg.backlog = (trains, 1, t, chain) if len(trains) > 1 else None
         first, n = trains[0]
-        self.engine.at(t, self._start, Train(msg, first, n, t, t, chain), priority=EDGE)
+        tr = Train(msg, first, n, t, t, chain, None if msg.spray is None else self._pick(msg, n))
+        self.engine.at(t, self._start, tr, priority=EDGE)
 
     def _next_train(self, msg: Message) -> None:
         trains, k, t, chain = msg.backlog
         msg.backlog = (trains, k + 1, t, chain) if k + 1 < len(trains) else None
         first, n = trains[k]
-        self.engine.at(self.engine.now, self._start, Train(msg, first, n, t, t, chain), priority=NODE)
+        tr = Train(msg, first, n, t, t, chain, None if msg.spray is None else self._pick(msg, n))
+        self.engine.at(self.engine.now, self._start, tr, priority=NODE)
 
     def _hop(self, tr: Train) -> None:
         """The head of ``tr`` reaches the input of its next link: serialise it there."""
         self._cross(tr)
-        if tr.hop + 1 < len(tr.msg.hops):
+        if tr.hop + 1 < len(tr.hops):
             tr.hop += 1
             self.engine.at(tr.head, self._hop_fn, tr, priority=EDGE)
             return
-        self._arrive(tr)
+        if tr.msg.kids is None:
+            self._arrive(tr)
+            return
+        self._fork(tr)
 
     def _reserve(self, tr: Train) -> None:
         """Cross every link of the path now, then arrive: at once if the end needs no memory
@@ -249,12 +291,20 @@ class Network:
         NOTE: in reservation mode the links downstream are committed ahead of time (their
         calendars take the train in the order trains are sent, not the order they reach the
         link), which costs at most one event per train instead of one per hop."""
-        hops = len(tr.msg.hops)
+        hops = len(tr.hops)
         while True:
             self._cross(tr)
             if tr.hop + 1 == hops:
                 break
             tr.hop += 1
+        if tr.msg.kids is not None:
+            if tr.br is not None and tr.br.kids is None:
+                leaf = tr.msg.leaves[1][tr.br.leaf]
+                if leaf.deliver is not arrive:
+                    self.engine.at(tr.head, self._arrive_leaf, tr, priority=EDGE)
+                    return
+            self._fork(tr)
+            return
         if tr.msg.deliver is arrive:
             self._arrive(tr)
             return
@@ -263,7 +313,7 @@ class Network:
     def _cross(self, tr: Train) -> None:
         """Serialise ``tr`` on link ``tr.hop`` of its path and move it past the node it enters."""
         msg, j = tr.msg, tr.hop
-        hop = msg.hops[j]
+        hop = tr.hops[j]
         link = hop.link
         n, head, tail, chain, ser = tr.n, tr.head, tr.tail, tr.chain, link.flit_ps
         ts = link.ts
@@ -283,7 +333,7 @@ class Network:
         eng = self.engine
         if eng.trace is not None:
             eng.record(msg.corr, link.key, "hop", head, tail_out, f"flits {tr.first}+{n}")
-        if j == 0:
+        if j == 0 and tr.br is None:
             if msg.backlog is not None:
                 self._next_train(msg)
             elif tr.first + n == msg.n_flits and msg.on_sent is not None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 from collections import Counter
 
-from .commands import Composite, Compute, Dma, Fetch, Send, Store
-from .components.dma import data_path
+from .commands import Composite, Compute, Dma, Fetch, Multicast, Send, Store
+from .components.dma import data_path, data_paths
+from .multicast import tree
 from .registry import Registry
 
 #: What each command type loads: ``handler(load, info, cmd)`` adds its traffic to ``load``
@@ -26,6 +27,7 @@ class _Load:
         self.machine = machine
         self.pairs: Counter = Counter()     # (src memory, dst memory) -> flits moved by DMA
         self.local: Counter = Counter()     # an engine's TCM link -> flits fetched or stored
+        self.trees: Counter = Counter()     # (src memory, dst memories) -> flits multicast
         self.busy: Counter = Counter()
         fb = machine.flit_bytes
         self.flits = lambda n: max(1, -(-n // fb))
@@ -38,10 +40,27 @@ def _dma(load: _Load, info, c) -> None:
     load.pairs[(c.src.node, c.dst.node)] += load.flits(c.nbytes)
 
 
+@LOAD.register(Multicast)
+def _multicast(load: _Load, info, c) -> None:
+    if c.unicast:
+        for d in c.dsts:
+            load.pairs[(c.src.node, d.node)] += load.flits(c.nbytes)
+        return
+    load.trees[(c.src.node, tuple(d.node for d in c.dsts))] += load.flits(c.nbytes)
+
+
 @LOAD.register(Composite)
 def _composite(load: _Load, info, c) -> None:
     tcm, flits = info.node("tcm"), load.flits
     for mv in c.reads:
+        if mv.share is not None:
+            # NOTE: a shared read's tile i is multicast once, by member i % gang size.
+            k, j = len(mv.share.pes), mv.share.pes.index(info.id)
+            mine = len(range(j, c.tiles, k))
+            if mine:
+                dsts = tuple(load.machine.pes[p].node("tcm") for p in mv.share.pes)
+                load.trees[(mv.loc.node, dsts)] += mine * flits(mv.nbytes)
+            continue
         load.pairs[(mv.loc.node, tcm)] += c.tiles * flits(mv.nbytes)
     writes = c.tiles if c.accumulate == 1 else sum(1 for i in range(c.tiles) if c.stores_after(i))
     for mv in c.writes:
@@ -85,20 +104,37 @@ def resource_ps(machine, programs: dict) -> Counter:
         _path_load(machine, busy, link, n)
     g = machine.graph
     for (src, dst), n in load.pairs.items():
-        path = machine.route(src, dst) if g.nodes[src]["kind"] == "ipcq" else data_path(machine, src, dst)
-        _path_load(machine, busy, path, n)
+        if g.nodes[src]["kind"] == "ipcq" or not machine.multipath:
+            path = machine.route(src, dst) if g.nodes[src]["kind"] == "ipcq" else data_path(machine, src, dst)
+            _path_load(machine, busy, path, n)
+        else:
+            # NOTE: a sprayed transfer loads each of its paths by its share of the packets.
+            paths = data_paths(machine, src, dst)
+            total = sum(w for _, w in paths)
+            for path, w in paths:
+                _path_load(machine, busy, path, n * w / total)
         for node in (src, dst):
-            p = g.nodes[node]
-            if p["kind"] in ("hbm", "sram"):
-                burst_ps = round(p["params"]["burst_bytes"] * 1000 / p["params"]["channel_gbps"])
-                busy[node] += n * burst_ps // p["params"].get("channels", 1)
+            _memory_load(g, busy, node, n)
+    for (src, dsts), n in load.trees.items():
+        root = tree([data_path(machine, src, d) for d in dsts])
+        for u, v in root.edges():
+            busy[(u, v)] += n * g.edges[u, v]["flit_ps"]
+        for node in (src,) + dsts:
+            _memory_load(g, busy, node, n)
     return busy
+
+
+def _memory_load(g, busy: Counter, node: str, n: int) -> None:
+    p = g.nodes[node]
+    if p["kind"] in ("hbm", "sram"):
+        burst_ps = round(p["params"]["burst_bytes"] * 1000 / p["params"]["channel_gbps"])
+        busy[node] += n * burst_ps // p["params"].get("channels", 1)
 
 
 def _path_load(machine, loads: Counter, path: tuple, flits: int) -> None:
     g = machine.graph
     for u, v in zip(path, path[1:]):
-        loads[(u, v)] += flits * g.edges[u, v]["flit_ps"]
+        loads[(u, v)] += round(flits * g.edges[u, v]["flit_ps"])
 
 
 def _compute_ps(machine, engine: str, flops: int, dtype: str) -> int:

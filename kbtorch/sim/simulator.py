@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from . import blame
 from .components.dma import DmaModel
+from .components.gang import Gangs
 from .components.memory import Memory
 from .components.pe import PEModel
 from .engine import Engine
@@ -82,6 +83,7 @@ class Simulator:
         policy = MODES[mode] if chunk_flits is None else TrainPolicy(chunk_flits)
         self.network = Network(self.engine, machine, policy)
         self.dma = DmaModel(self)
+        self.gangs = Gangs(self)
         self._pes: dict[int, PEModel] = {}
         self._mems: dict[str, Memory | None] = {}
         self.last_t, self.last_chain = 0, None
@@ -128,7 +130,7 @@ class Simulator:
                 t, chain = t + ps, (element, LAUNCH, ps, chain)
             model.launch(list(programs[pe]), t, chain)
         self.engine.run()
-        stuck = [line for i in sorted(self._pes) for line in self._pes[i].stuck()]
+        stuck = [line for i in sorted(self._pes) for line in self._pes[i].stuck()] + self.gangs.stuck()
         if stuck:
             raise SimulationStuck(stuck, self.engine.now)
         return self._result(t0)
@@ -143,7 +145,8 @@ class Simulator:
             def done(t, chain, i=i):
                 finishes[i] = t
                 self.command_done(t, chain)
-            msg = net.message(self.machine.route(src, dst), net.flits(nbytes), arrive, done, what=f"message {i}")
+            paths = self.machine.paths(src, dst)
+            msg = net.message(paths[0][0], net.flits(nbytes), arrive, done, what=f"message {i}", spray=paths)
             net.send(msg, 0, None)
         self.engine.run()
         result = self._result(t0)

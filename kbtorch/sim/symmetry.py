@@ -32,8 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from functools import lru_cache
 
-from .commands import Composite, Compute, Dma, Fetch, Loc, Send, Store
-from .components.dma import data_path
+from .commands import Composite, Compute, Dma, Fetch, Loc, Multicast, Send, Store
+from .components.dma import data_path, data_paths
 from .registry import Registry
 
 #: What each command type uses: ``handler(machine, info, cmd, keys, peers)`` adds the node
@@ -93,10 +93,20 @@ def _dma(machine, info, cmd, keys: set, peers: set) -> None:
     keys.add(("data", cmd.src.node, cmd.dst.node))
 
 
+@PATHS.register(Multicast)
+def _multicast(machine, info, cmd, keys: set, peers: set) -> None:
+    keys.update(("data", cmd.src.node, d.node) for d in cmd.dsts)
+
+
 @PATHS.register(Composite)
 def _composite(machine, info, cmd, keys: set, peers: set) -> None:
     tcm = info.node("tcm")
     keys.update(("data", m.loc.node, tcm) for m in cmd.reads)
+    for m in cmd.reads:
+        if m.share is not None:
+            # NOTE: a shared read reaches every member of its gang (and waits for them).
+            peers.update(m.share.pes)
+            keys.update(("data", m.loc.node, machine.pes[p].node("tcm")) for p in m.share.pes)
     keys.update(("data", tcm, m.loc.node) for m in cmd.writes)
 
 
@@ -122,8 +132,11 @@ def _paths(machine, pe: int, cmds) -> tuple[set, set]:
 
 
 def _path(machine, key: tuple) -> tuple:
+    """The node paths of ``key``: one, or every path of a sprayed transfer."""
     kind, src, dst = key
-    return data_path(machine, src, dst) if kind == "data" else machine.route(src, dst)
+    if kind != "data":
+        return (machine.route(src, dst),)
+    return tuple(p for p, _ in data_paths(machine, src, dst)) if machine.multipath else (data_path(machine, src, dst),)
 
 
 def _units(machine, programs: dict, level: int, cache: dict) -> dict | None:
@@ -141,7 +154,7 @@ def _units(machine, programs: dict, level: int, cache: dict) -> dict | None:
         for key in keys:
             if key not in cache:
                 cache[key] = _path(machine, key)
-            paths.add(cache[key])
+            paths.update(cache[key])
     for unit, (_, paths) in units.items():
         for node in {n for path in paths for n in path}:
             if owner.setdefault(node, unit) != unit:

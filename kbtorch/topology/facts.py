@@ -18,6 +18,12 @@ _MIB, _GIB = 1 << 20, 1 << 30
 class MachineFacts:
     """Peaks per dtype, MATH costs, memory levels with capacities and burst sizes."""
 
+    @functools.cached_property
+    def multicast_nodes(self) -> frozenset:
+        """Nodes that replicate a multicast payload where its routes part (``multicast = true``
+        on their component); empty on a machine without multicast."""
+        return frozenset(n for n, d in self.graph.nodes(data=True) if d["params"].get("multicast"))
+
     def engine_params(self, pe: int, role: str) -> dict:
         """The parameters of PE ``pe``'s engine that plays ``role`` (``gemm``, ``math``, ...)."""
         return self.graph.nodes[self.pes[pe].node(role)]["params"]

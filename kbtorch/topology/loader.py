@@ -91,7 +91,8 @@ def load_raw(path: str | Path, overrides: dict | None = None, max_elements: int 
         if machine[key] not in blocks:
             raise TopologyError(path, f"machine.{key}", f"unknown block '{machine[key]}'{did_you_mean(machine[key], blocks)}")
     check_size(doc, path, element_limit(path, max_elements))
-    raw = RawTopology(path=path, machine=machine, issue=doc["issue"], links=doc["links"], launch=doc.get("launch"))
+    raw = RawTopology(path=path, machine=machine, issue=doc["issue"], links=doc["links"], launch=doc.get("launch"),
+                      routing=doc.get("routing"))
     Expander(raw, doc["components"], blocks).run()
     if not raw.pes:
         raise TopologyError(path, "machine.pe_block", f"block '{machine['pe_block']}' is never instantiated")

@@ -21,6 +21,7 @@ from .facts import MachineFacts
 from .launch import Launch, segments
 from .loader import load_raw, resolve_doc
 from .overrides import freeze_overrides, thaw_overrides
+from .multipath import Paths, RoutingPolicy
 from .routing import Router
 from .validate import content_digest
 
@@ -119,6 +120,11 @@ class Machine(MachineFacts):
             g.add_edge(u, v, flit_ps=max(1, round(self.flit_bytes * 1000 / attrs["bw_gbps"])),
                        prop_ps=_ps(attrs["prop_ns"]), **attrs)
         self.graph = nx.freeze(g)
+        for name, d in g.nodes(data=True):
+            if d["params"].get("multicast") and not d["transit"]:
+                raise TopologyError(self.path, f"components ({name})",
+                                    "multicast = true needs transit = true: only a node that forwards traffic "
+                                    "replicates it")
         self.launch = Launch(**raw.launch) if raw.launch is not None else None
         self.pes = [PE(i, p["prefix"], _roles(p["roles"], raw.machine.get("pe_roles", {}), raw.path), p["coords"],
                        p.get("hbm"), p.get("sram")) for i, p in enumerate(raw.pes)]
@@ -136,6 +142,8 @@ class Machine(MachineFacts):
         if stray:
             raise TopologyError(self.path, "machine.route_reset", f"dimensions {stray} are not in route_order")
         self.router = Router(self.graph, route_order, reset, self.path)
+        self.routing = RoutingPolicy.from_doc(raw.routing, self.graph, self.path)
+        self._paths = Paths(self.router, self.routing)
         self._check_routable()
         self._launch = [segments(self, pe.id) for pe in self.pes]
 
@@ -195,6 +203,16 @@ class Machine(MachineFacts):
 
     def route(self, src: str, dst: str) -> tuple[str, ...]:
         return self.router.route(src, dst)
+
+    def paths(self, src: str, dst: str) -> tuple:
+        """``((path, weight), ...)``: the paths a message's packets are sprayed over under the
+        machine's ``[routing]`` policy (``topology.multipath``); one path, ``route``, when
+        single-path."""
+        return self._paths.paths(src, dst)
+
+    @property
+    def multipath(self) -> bool:
+        return self.routing.policy != "single"
 
     def node(self, name: str) -> dict:
         return self.graph.nodes[name]

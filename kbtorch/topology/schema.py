@@ -136,6 +136,14 @@ LAUNCH = Record({
     "fixed_ns": req(NONNEG_NUM),
 })
 
+#: Multi-path transport (optional; without it: single-path routing). ``policy`` is checked
+#: against ``multipath.POLICIES`` when the machine is compiled.
+ROUTING = Record({
+    "policy": req(STR),
+    "max_paths": opt(POS_INT),
+    "port_kind": opt(STR),
+})
+
 LINK = Record({
     "kind": req(STR),
     "bw_gbps": req(POS_NUM),
@@ -156,6 +164,7 @@ COMPONENT = Variant("kind", common={
     "kind": req(STR),
     "overhead_ns": opt(NONNEG_NUM),
     "transit": opt(BOOL),
+    "multicast": opt(BOOL),
 }, kinds={
     "cpu": NO_FIELDS,
     "scheduler": NO_FIELDS,
@@ -214,6 +223,7 @@ TOP = Record({
     "machine": req(MACHINE),
     "issue": req(ISSUE),
     "launch": opt(LAUNCH),
+    "routing": opt(ROUTING),
     "links": req(Map(LINK)),
     "components": req(Map(COMPONENT)),
     "blocks": req(Map(BLOCK)),

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from ..commands import Loc
 from ..network import arrive
+from .dma import Countdown as _Countdown
 
 
 class _Xfer(NamedTuple):
@@ -25,20 +26,6 @@ class _Xfer(NamedTuple):
     nbytes: int
     src_stride: int = 0
     dst_stride: int = 0
-
-
-class _Countdown:
-    """Calls ``then(t, chain)`` with the latest of ``n`` ticks."""
-
-    def __init__(self, n: int, t: int, chain, then):
-        self.n, self.t, self.chain, self.then = n, t, chain, then
-
-    def tick(self, t: int, chain) -> None:
-        self.n -= 1
-        if t >= self.t:
-            self.t, self.chain = t, chain
-        if self.n == 0:
-            self.then(self.t, self.chain)
 
 
 class CompositeRun:
@@ -171,17 +158,30 @@ class CompositeRun:
         have landed (reads of later tiles overlap the flight of earlier ones)."""
         done = _Countdown(len(xfers), now, chain, lambda t, c: self._finish(s, i, t, c))
         sent = _Countdown(len(xfers), now, chain, lambda t, c: self._free(s, i, t, c))
+        self._start_moves(i, now, chain, xfers, engine, done, sent)
+
+    def _start_moves(self, i: int, now: int, chain, xfers: list, engine: str, done, sent) -> None:
         for x in xfers:
             self.sim.dma.transfer(self.pe.info.node(engine), self.tcm, x, now, chain, done.tick, sent.tick,
                                   f"{self.cmd.describe()} tile {i}")
 
     def _read(self, s: int, i: int, now: int, chain) -> None:
         base = self.cmd.staging.addr + (i % self.cmd.buffers) * self.read_slot
-        xfers, off = [], 0
+        xfers, shared, off = [], [], 0
         for m in self.cmd.reads:
-            xfers.append(_Xfer(Loc(m.loc.node, m.loc.addr + i * m.step), Loc(self.tcm, base + off), m.nbytes, m.stride))
+            dst = Loc(self.tcm, base + off)
+            if m.share is None:
+                xfers.append(_Xfer(Loc(m.loc.node, m.loc.addr + i * m.step), dst, m.nbytes, m.stride))
+            else:
+                shared.append((m, dst))
             off += m.nbytes
-        self._moves(s, i, now, chain, xfers, "dma_rd")
+        if not shared:
+            return self._moves(s, i, now, chain, xfers, "dma_rd")
+        done = _Countdown(len(xfers) + len(shared), now, chain, lambda t, c: self._finish(s, i, t, c))
+        sent = _Countdown(len(xfers) + len(shared), now, chain, lambda t, c: self._free(s, i, t, c))
+        self._start_moves(i, now, chain, xfers, "dma_rd", done, sent)
+        for m, dst in shared:
+            self.sim.gangs.join(self, m, i, dst, done.tick, sent.tick, now, chain)
 
     def _write(self, s: int, i: int, now: int, chain) -> None:
         if not self.cmd.stores_after(i):

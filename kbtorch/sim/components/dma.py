@@ -10,6 +10,7 @@ acknowledgement traffic is modeled).
 """
 from __future__ import annotations
 
+from ..multicast import Branch, Leaf, check, tree
 from ..network import arrive
 
 
@@ -33,6 +34,22 @@ def data_path(machine, src: str, dst: str) -> tuple:
     return prefix + machine.route(start, end) + suffix
 
 
+def data_paths(machine, src: str, dst: str) -> tuple:
+    """``((path, weight), ...)``: the full node paths DMA data from ``src`` to ``dst`` is
+    sprayed over under the machine's routing policy (one, ``data_path``, when single-path)."""
+    one = data_path(machine, src, dst)
+    if not machine.multipath:
+        return ((one, 1.0),)
+    g = machine.graph
+    start = one[1] if g.nodes[src]["kind"] == "tcm" else src
+    end = one[-2] if g.nodes[dst]["kind"] == "tcm" else dst
+    if start == end:
+        return ((one, 1.0),)
+    prefix = (src,) if start != src else ()
+    suffix = (dst,) if end != dst else ()
+    return tuple((prefix + p + suffix, w) for p, w in machine.paths(start, end))
+
+
 class DmaModel:
     """Path construction and the request/stream/commit steps of DMA commands."""
 
@@ -47,6 +64,14 @@ class DmaModel:
         if path is None:
             path = self._paths[(src, dst)] = data_path(self.sim.machine, src, dst)
         return path
+
+    def spray(self, src: str, dst: str):
+        """The paths of a sprayed transfer from ``src`` to ``dst`` (None when single-path)."""
+        key = ("spray", src, dst)
+        got = self._paths.get(key)
+        if got is None:
+            got = self._paths[key] = data_paths(self.sim.machine, src, dst)
+        return got if len(got) > 1 else None
 
     def data_path_route(self, src: str, dst: str) -> tuple:
         """The routed path between two nodes (cached)."""
@@ -73,6 +98,27 @@ class DmaModel:
         self.transfer(q.node, pe.info.node("tcm"), cmd, now, chain,
                       lambda t, c: pe.complete(q, p, t, c), q.release, cmd.describe())
 
+    def start_multicast(self, pe, q, p, now: int, chain) -> None:
+        """Execute a ``Multicast`` command on engine queue ``q`` of PE model ``pe``."""
+        cmd = p.cmd
+        for loc in (cmd.src,) + cmd.dsts:
+            if loc.node not in self.g or self.g.nodes[loc.node]["kind"] not in ("hbm", "sram", "tcm"):
+                raise ValueError(f"PE {pe.info.id} {cmd.describe()}: '{loc.node}' is not a memory node")
+        if cmd.nbytes <= 0:
+            raise ValueError(f"PE {pe.info.id} {cmd.describe()}: multicast of {cmd.nbytes} bytes")
+        done = lambda t, c: pe.complete(q, p, t, c)
+        tcm, what = pe.info.node("tcm"), cmd.describe()
+        if not cmd.unicast:
+            self.multicast(q.node, tcm, cmd.src, cmd.dsts, cmd.nbytes, now, chain, [None] * len(cmd.dsts), done,
+                           q.release, what, cmd.src_stride)
+            return
+        # NOTE: the named fallback: one transfer per destination, all from this engine.
+        landed = Countdown(len(cmd.dsts), now, chain, done)
+        sent = Countdown(len(cmd.dsts), now, chain, q.release)
+        for d in cmd.dsts:
+            self.transfer(q.node, tcm, _Copy(cmd.src, d, cmd.nbytes, cmd.src_stride), now, chain, landed.tick,
+                          sent.tick, what)
+
     def transfer(self, engine: str, own_tcm: str, move, t: int, chain, on_done, on_sent, what: str) -> None:
         """Move ``move.nbytes`` from ``move.src`` to ``move.dst`` for DMA engine node ``engine``
         (whose PE's TCM is ``own_tcm``), starting at ``t``; ``on_sent(t, chain)`` when the
@@ -88,13 +134,48 @@ class DmaModel:
         # delivers the message when it commits its path, without an arrival event).
         deliver = arrive if dst_mem is None else commit
         own = move.src.node == own_tcm
-        data = net.message(path, net.flits(move.nbytes), deliver, on_done, on_sent if own else None, what=what)
+        spray = self.spray(move.src.node, move.dst.node) if self.sim.machine.multipath else None
+        data = net.message(path, net.flits(move.nbytes), deliver, on_done, on_sent if own else None, what=what,
+                           spray=spray)
         if own:
             net.send(data, t, chain)
             return
         port = path[1] if self.g.nodes[move.src.node]["kind"] == "tcm" else path[0]
         req = net.message(self.data_path_route(engine, port), 1, arrive,
                           lambda tr, c: self.stream(data, move, tr, c), on_sent, what=f"read request {what}")
+        net.send(req, t, chain)
+
+    def tree(self, src: str, dsts: tuple) -> Branch:
+        """The multicast tree of DMA data from memory ``src`` to memories ``dsts`` (cached)."""
+        key = ("tree", src, dsts)
+        root = self._paths.get(key)
+        if root is None:
+            root = self._paths[key] = tree([self.data_path(src, d) for d in dsts])
+        return root
+
+    def multicast(self, engine: str, own_tcm: str, src, dsts: tuple, nbytes: int, t: int, chain, on_leaf, on_done,
+                  on_sent, what: str, src_stride: int = 0) -> None:
+        """Move ``nbytes`` from ``src`` (a ``Loc``) to every ``Loc`` of ``dsts`` as ONE
+        message down the multicast tree (the source is read once, each tree link carries the
+        data once); ``on_leaf[i](t, chain)`` when destination ``i`` has committed it,
+        ``on_done`` when all have; ``on_sent`` as ``transfer``."""
+        net = self.sim.network
+        root = self.tree(src.node, tuple(d.node for d in dsts))
+        check(self.sim.machine, root, what)
+        leaves = []
+        for d, fn in zip(dsts, on_leaf):
+            mem = self.sim.memory(d.node)
+            deliver = arrive if mem is None else (lambda tr, mem=mem, d=d: mem.write(tr, d.addr, mem.burst_bytes))
+            leaves.append(Leaf(d.node, deliver, fn))
+        own = src.node == own_tcm
+        msg = net.multicast(root, net.flits(nbytes), leaves, on_done, on_sent if own else None, what=what)
+        if own:
+            net.send(msg, t, chain)
+            return
+        port = root.path[1] if self.g.nodes[src.node]["kind"] == "tcm" else root.path[0]
+        read = _Read(src, src_stride)
+        req = net.message(self.data_path_route(engine, port), 1, arrive,
+                          lambda tr, c: self.stream(msg, read, tr, c), on_sent, what=f"read request {what}")
         net.send(req, t, chain)
 
     def stream(self, msg, cmd, t: int, chain) -> None:
@@ -109,3 +190,35 @@ class DmaModel:
         for first, n in net.chunks(msg.n_flits):
             head, tail, c = src_mem.read(t, chain, cmd.src.addr, stride, first, n)
             net.inject(msg, first, n, head, tail, c)
+
+
+class _Read:
+    """The source end of a multicast, as ``stream`` reads it."""
+
+    __slots__ = ("src", "src_stride")
+
+    def __init__(self, src, src_stride: int):
+        self.src, self.src_stride = src, src_stride
+
+
+class _Copy:
+    """One destination's copy of a multicast sent as unicast (the fallback)."""
+
+    __slots__ = ("src", "dst", "nbytes", "src_stride", "dst_stride")
+
+    def __init__(self, src, dst, nbytes: int, src_stride: int):
+        self.src, self.dst, self.nbytes, self.src_stride, self.dst_stride = src, dst, nbytes, src_stride, 0
+
+
+class Countdown:
+    """Calls ``then(t, chain)`` with the latest of ``n`` ticks."""
+
+    def __init__(self, n: int, t: int, chain, then):
+        self.n, self.t, self.chain, self.then = n, t, chain, then
+
+    def tick(self, t: int, chain) -> None:
+        self.n -= 1
+        if t >= self.t:
+            self.t, self.chain = t, chain
+        if self.n == 0:
+            self.then(self.t, self.chain)

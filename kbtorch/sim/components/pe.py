@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from math import ceil
 
-from ..commands import Composite, Compute, Dma, Fetch, Send, Store
+from ..commands import Composite, Compute, Dma, Fetch, Multicast, Send, Store
 from ..network import arrive
 from ..registry import Registry
 from .composite import CompositeRun
@@ -176,6 +176,10 @@ class PEModel:
     @EXECUTE.register(Dma)
     def _dma(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
         self.sim.dma.start(self, q, p, now, chain)
+
+    @EXECUTE.register(Multicast)
+    def _multicast(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
+        self.sim.dma.start_multicast(self, q, p, now, chain)
 
     @EXECUTE.register(Composite)
     def _composite(self, q: EngineQueue, p: Pending, now: int, chain) -> None:
