@@ -11,7 +11,7 @@ from kbtorch.sim.resources import resource_ps
 from kbtorch.sim.simulator import Simulator
 from kbtorch.topology import TopologyError, load_machine
 
-AHBM = Path(__file__).resolve().parents[1] / "topologies" / "ahbm.toml"
+AHBM = Path(__file__).resolve().parents[1] / "kbtorch" / "topologies" / "ahbm.toml"
 
 
 def x8(policy: str):
