@@ -11,9 +11,10 @@ from .errors import TopologyError, did_you_mean
 from .schema import MAX_NUMBER, TOP, Map, Record, Seq, Value, Variant
 
 
-def validate(doc: dict, path: str) -> None:
-    """Raise TopologyError naming the file and the entry at the first value the schema refuses."""
-    _Checker(path).check(doc, TOP, "")
+def validate(doc: dict, path: str, schema=TOP) -> None:
+    """Raise TopologyError naming the file and the entry at the first value the schema refuses
+    (``schema``: a chip file's ``TOP``, or ``SYSTEM_TOP`` for a system file)."""
+    _Checker(path).check(doc, schema, "")
 
 
 def show(value) -> str:
