@@ -1,4 +1,4 @@
-"""``kbtorch bench allreduce|allgather|reducescatter|broadcast``: a simulated collective with
+"""``kbtorch bench allreduce|allgather|reducescatter|broadcast|alltoall``: a simulated collective with
 its bandwidths, bound and analytic estimate and, with ``--check``, a comparison against what
 torch.distributed would return."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from .units import fmt_bytes
 
 #: Subcommand -> collective kind of ``kbtorch.ops.collective``.
 COLLECTIVES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-               "broadcast": "broadcast"}
+               "broadcast": "broadcast", "alltoall": "all_to_all"}
 REDUCING = ("all_reduce", "reduce_scatter")
 COLLECTIVE_ALGOS = ("ring", "bidir-ring", "2d", "direct", "tree", "hier", "auto")
 COLLECTIVE_OPS = ("sum", "max")
@@ -80,8 +80,9 @@ def _members(args, machine) -> int:
     if args.bytes % eb:
         raise ValueError(f"argument --bytes: {args.bytes} bytes is not a whole number of {args.dtype} "
                          f"elements ({eb} bytes each)")
-    if kind == "all_gather" and elems % n:
-        raise ValueError(f"argument --bytes: the gathered {elems} {args.dtype} elements do not split into "
+    if kind in ("all_gather", "all_to_all") and elems % n:
+        what = "gathered" if kind == "all_gather" else "exchanged"
+        raise ValueError(f"argument --bytes: the {what} {elems} {args.dtype} elements do not split into "
                          f"{n} equal shards")
     if args.algo != "auto":
         try:

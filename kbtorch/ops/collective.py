@@ -1,12 +1,12 @@
-"""Collectives on the simulated PEs: all-reduce, reduce-scatter, all-gather, broadcast.
+"""Collectives on the simulated PEs: all-reduce, reduce-scatter, all-gather, broadcast, all-to-all.
 
 Two independent passes over one schedule (``collective_plan``): the numeric pass interprets
 it on torch tensors (each member's shard), the timing pass runs the collective tile kernel
 (``collective_kernel``) on the simulator. ``nbytes`` is the per-member buffer as
 nccl-tests counts it: the whole tensor of an all-reduce, the input of a reduce-scatter, the
-output of an all-gather, the broadcast buffer. Bus bandwidth follows nccl-tests too:
-``algbw * 2(n-1)/n`` (all-reduce), ``* (n-1)/n`` (reduce-scatter, all-gather), ``* 1``
-(broadcast).
+output of an all-gather, the broadcast buffer, the input (= output) of an all-to-all. Bus
+bandwidth follows nccl-tests too: ``algbw * 2(n-1)/n`` (all-reduce), ``* (n-1)/n``
+(reduce-scatter, all-gather, all-to-all), ``* 1`` (broadcast).
 
 ``algo="auto"`` picks, like NCCL's tuner, the algorithm with the least predicted time: the
 step-by-step alpha-beta estimate of ``collective_model`` for every algorithm that applies
@@ -31,7 +31,8 @@ from .collective_layout import PAGE, largest_xfer_blocks, packet_size
 from .collective_plan import ALGOS, KINDS, OPS, ORDERS, CollectiveError, reference, schedule
 
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-              "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+              "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0,
+              "all_to_all": lambda n: (n - 1) / n}
 #: Above this many bytes moved in all (nbytes x members x 3), ``mode="auto"`` runs coarse.
 COARSE_BYTES = 4 * 2**30
 #: Above this many commands in the built kernel (all members' programs), ``mode="auto"``
@@ -137,6 +138,10 @@ def padded_bytes(sched, nbytes: int, eb: int) -> int | None:
     (as torch's tensor collectives do), each a whole number of blocks: else None, the
     algorithm does not apply."""
     elems = nbytes // eb
+    if sched.kind == "all_to_all":
+        # NOTE: the kernel addresses an all-to-all's n x n blocks in one region per member
+        # (block s * n + d at its id), so it is given n x the member's buffer.
+        return nbytes * sched.n if elems % sched.n == 0 else None
     if sched.kind in ("all_reduce", "broadcast"):
         return -(-elems // sched.blocks) * sched.blocks * eb
     return nbytes if elems % sched.blocks == 0 else None
@@ -235,7 +240,7 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, pac
     grid = make_grid(machine, pes)
     nbytes, dtype = _shards(kind, shards, len(pes), nbytes, dtype)
     eb = DTYPES[dtype].bytes
-    regions = 4 if kind in ("all_reduce", "reduce_scatter") else 3     # input, output, 2 scratch
+    regions = {"all_reduce": 4, "reduce_scatter": 4, "all_to_all": 3 * len(pes)}.get(kind, 3)  # in, out, 2 scratch
     try:
         limits.check_hbm(machine, pes, regions * -(-nbytes // PAGE) * PAGE, f"{kind} of {nbytes} bytes per member")
     except ValueError as exc:
@@ -270,7 +275,7 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, pac
         machine, sched, pes, kernel.nbytes // sched.blocks, kernel.packet_elems * eb)
     outputs = None
     if shards is not None:
-        inputs = _pad(shards, kernel.nbytes, op) if kernel.nbytes != nbytes else shards
+        inputs = _pad(shards, kernel.nbytes, op) if kernel.nbytes != nbytes and kind != "all_to_all" else shards
         outputs = [o[:nbytes // eb] for o in reference(sched, inputs, op)]
     return CollectiveRun(op=kind, machine=machine, result=result, pes=tuple(pes), dtype=dtype, analytic_ps=analytic,
                          bound_ps=bound, plan=algo, algo=algo, reduction=op, nbytes=nbytes, mode=mode,
@@ -329,9 +334,17 @@ def broadcast(shards=None, **kw) -> CollectiveRun:
     return collective("broadcast", shards, **kw)
 
 
+def all_to_all(shards=None, **kw) -> CollectiveRun:
+    """Member d ends with block d of every member's buffer, in member order (torch's
+    ``all_to_all_single`` with equal splits)."""
+    return collective("all_to_all", shards, **kw)
+
+
 def torch_reference(kind: str, shards: list, op: str = "sum", root: int = 0) -> list:
     """What torch.distributed would return on each member, computed directly."""
     n = len(shards)
+    if kind == "all_to_all":
+        return [torch.cat([s.reshape(-1).chunk(n)[d] for s in shards]) for d in range(n)]
     if kind == "all_gather":
         return [torch.cat([s.reshape(-1) for s in shards])] * n
     if kind == "broadcast":

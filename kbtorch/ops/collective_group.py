@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
+from ..topology.system import LEVELS as SYSTEM_LEVELS
 from .collective_plan import CollectiveError
 
 _LEVEL = re.compile(r"([A-Za-z_]+)(\d+)$")
@@ -33,6 +34,7 @@ class Grid:
     dims: tuple
     coords: tuple
     order: list
+    inner: int = 1          # leading dimensions inside one chip (``hier``'s first phase)
 
     def line(self, m: int, j: int) -> list:
         """The members that differ from ``m`` only along dimension ``j``, by ring position."""
@@ -140,7 +142,15 @@ def make_grid(machine, pes: tuple) -> Grid:
     at = {c: m for m, c in enumerate(coords)}
     dims = tuple(len(v) for v in ring_vals)
     order = [at[c] for c in _snake(dims)]
-    return Grid(tuple(pes), tuple(varying), dims, coords, order)
+    return Grid(tuple(pes), tuple(varying), dims, coords, order, _inner(machine, pes, varying))
+
+
+def _inner(machine, pes: tuple, varying: list) -> int:
+    """How many of the grid's dimensions (innermost first) lie inside one chip: on a system
+    whose group spans chips, those below the system's levels; else 1 (``hier``'s lines)."""
+    if getattr(machine, "system", None) is None or len({machine.chip_of(p) for p in pes}) == 1:
+        return 1
+    return sum(1 for k in varying if k not in SYSTEM_LEVELS)
 
 
 def _snake(dims: tuple) -> list:
