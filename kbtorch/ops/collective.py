@@ -25,6 +25,7 @@ from .. import limits
 from ..kernel import run_programs
 from .contract import DTYPES, OpFamily, OpRun, Param, as_machine, dtype_of, register
 from . import collective_model as model
+from . import collective_units as units
 from .collective_group import make_grid, resolve_group
 from .collective_kernel import CollectiveKernel
 from .collective_layout import PAGE, largest_xfer_blocks, packet_size
@@ -70,7 +71,13 @@ class CollectiveRun(OpRun):
     candidates: dict = field(default_factory=dict)
     root: int = 0
     packet_bytes: int = 0
+    units: int = 0          # members of a collective across units (``across:chip``), else 0
     outputs: list | None = field(default=None, repr=False)
+
+    @property
+    def members(self) -> int:
+        """Members as nccl-tests counts them: the units (chips) of ``across:LEVEL``, else the PEs."""
+        return self.units or len(self.pes)
 
     @property
     def kind(self) -> str:
@@ -87,10 +94,10 @@ class CollectiveRun(OpRun):
 
     @property
     def busbw_gbps(self) -> float:
-        return self.algbw_gbps * BUS_FACTOR[self.kind](len(self.pes))
+        return self.algbw_gbps * BUS_FACTOR[self.kind](self.members)
 
     def as_dict(self) -> dict:
-        return {"collective": self.kind, "algo": self.algo, "members": len(self.pes),
+        return {"collective": self.kind, "algo": self.algo, "members": self.members, "pes": len(self.pes),
                 "op": self.reduction if self.kind in ("all_reduce", "reduce_scatter") else None,
                 "root": self.root if self.kind == "broadcast" else None, "packet_bytes": self.packet_bytes,
                 "bytes": self.nbytes, "dtype": self.dtype, "mode": self.mode,
@@ -236,6 +243,8 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, pac
     if op not in OPS:
         raise CollectiveError(f"unknown reduction '{op}' (known: {', '.join(OPS)})")
     machine = as_machine(machine)
+    if isinstance(group, str) and group.startswith("across:"):
+        return _across(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode, order)
     pes = resolve_group(machine, group)
     grid = make_grid(machine, pes)
     nbytes, dtype = _shards(kind, shards, len(pes), nbytes, dtype)
@@ -281,6 +290,35 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, pac
                          bound_ps=bound, plan=algo, algo=algo, reduction=op, nbytes=nbytes, mode=mode,
                          startup_ps=startup, limiter="startup" if startup >= busy[worst] else model.describe(worst),
                          candidates=cands, root=root, packet_bytes=kernel.packet_elems * eb, outputs=outputs)
+
+
+def _across(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode, order) -> CollectiveRun:
+    """A collective whose members are the units of a level (``across:chip``): see ``collective_units``."""
+    level = group.partition(":")[2]
+    n = len(units.units(machine, level))
+    nbytes, dtype = _shards(kind, shards, n, nbytes, dtype)
+    eb = DTYPES[dtype].bytes
+    if mode not in ("auto", *MODES):
+        raise CollectiveError(f"unknown mode '{mode}' (known: auto, {', '.join(MODES)})")
+    if algo != "auto" and algo not in ALGOS:
+        raise CollectiveError(f"unknown algorithm '{algo}' (known: {', '.join(ALGOS)})")
+    algo, lines, sizes, built, result, mode, cands = units.run(kind, level, algo, machine, nbytes, eb, dtype, op, root,
+                                                         packet_bytes, mode, order, _build, _mode)
+    sched, kernels, programs, busy, startup = built
+    pes = tuple(p for line in lines for p in line)
+    worst = max(busy, key=lambda r: (busy[r], model.describe(r)))
+    k0 = kernels[0]
+    analytic = cands.get(algo) or model.alpha_beta_ps(machine, sched, lines[0], k0.nbytes // sched.blocks,
+                                                      k0.packet_elems * eb)
+    outputs = None
+    if shards is not None:
+        pad = units.line_reference(kind, op, eb, padded_bytes, _pad)
+        outputs = units.numerics(kind, algo, machine, lines, sizes, shards, op, root, order, pad)
+    return CollectiveRun(op=kind, machine=machine, result=result, pes=pes, dtype=dtype, analytic_ps=analytic,
+                         bound_ps=max(startup, busy[worst]), plan=algo, algo=algo, reduction=op, nbytes=nbytes,
+                         mode=mode, startup_ps=startup,
+                         limiter="startup" if startup >= busy[worst] else model.describe(worst), candidates=cands,
+                         root=root, packet_bytes=k0.packet_elems * eb, units=n, outputs=outputs)
 
 
 def concurrent(specs: list, *, machine=None, mode: str = "fast") -> list[float]:
