@@ -101,8 +101,10 @@ def ag_sizes(quick: bool) -> list[int]:
 
 
 def run_allgather(machine, per_chip: int, algo: str) -> dict:
-    p = len(machine.pes)
-    run = all_gather(group="all", nbytes=per_chip * p, algo=algo, machine=machine)
+    # NOTE: the chips are the members (group "across:chip"); each chip's 36 tiles carry one
+    # share each of its block, all at once over the chip's ports.
+    p = machine.chips
+    run = all_gather(group="across:chip", nbytes=per_chip * p, algo=algo, machine=machine, dtype="bf16")
     received = per_chip * (p - 1)
     # NOTE: the paper's speed of light: max(4 us, R / 1.4 TiB/s), R = N (P - 1); the 4 us is
     # its latency estimate, 1.4 TiB/s its bandwidth figure (PAPER, not hardware facts).

@@ -294,15 +294,14 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, pac
 
 def _across(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode, order) -> CollectiveRun:
     """A collective whose members are the units of a level (``across:chip``): see ``collective_units``."""
-    level = group.partition(":")[2]
-    n = len(units.units(machine, level))
+    n = len(units.units(machine, units.parse(group)[0]))
     nbytes, dtype = _shards(kind, shards, n, nbytes, dtype)
     eb = DTYPES[dtype].bytes
     if mode not in ("auto", *MODES):
         raise CollectiveError(f"unknown mode '{mode}' (known: auto, {', '.join(MODES)})")
     if algo != "auto" and algo not in ALGOS:
         raise CollectiveError(f"unknown algorithm '{algo}' (known: {', '.join(ALGOS)})")
-    algo, lines, sizes, built, result, mode, cands = units.run(kind, level, algo, machine, nbytes, eb, dtype, op, root,
+    algo, lines, sizes, built, result, mode, cands = units.run(kind, group, algo, machine, nbytes, eb, dtype, op, root,
                                                          packet_bytes, mode, order, _build, _mode)
     sched, kernels, programs, busy, startup = built
     pes = tuple(p for line in lines for p in line)

@@ -1,4 +1,4 @@
-"""Collectives whose members are units of PEs (chips): ``group="across:chip"``.
+"""Collectives whose members are units of PEs (chips): ``group="across:chip"`` or ``"across:chip:K"``.
 
 A chip of a system is one member of a collective between chips (the paper's Fig. 8: an
 all-gather of each chip's buffer over 8 chips), but its data moves through all of its PEs:
@@ -11,6 +11,12 @@ per-member block of an all-gather, reduce-scatter or all-to-all (``u`` elements)
 into ``k`` near-equal pieces, one per line, and so is the whole buffer of an all-reduce or
 broadcast. The unit's output is the lines' outputs put back block by block, so it equals
 the collective over the units' whole buffers (checked against torch in the tests).
+
+``across:chip:K`` uses ``K`` PEs of each chip, evenly spaced (PE ``t * size // K`` of the
+chip), as the engines that drive its network: fewer lines, fewer trains to simulate.
+NOTE: a chip's network is driven by its DMA engines, not by every core; K PEs whose DMA ports
+together exceed the chip's port bandwidth move the same bytes in the same time (Maia 200:
+4 tiles x 512 GB/s > 1400 GB/s of ANCs).
 """
 from __future__ import annotations
 
@@ -24,8 +30,18 @@ from .collective_plan import ALGOS, CollectiveError, reference, schedule
 BLOCKED = ("all_gather", "reduce_scatter", "all_to_all")
 
 
-def units(machine, level: str) -> list:
-    """The PE ids of every instance of ``level`` (``chip``), in order; all of one size."""
+def parse(group: str) -> tuple[str, int | None]:
+    """``across:LEVEL[:K]`` -> (LEVEL, K or None for every PE)."""
+    _, _, rest = group.partition(":")
+    level, _, k = rest.partition(":")
+    if k and (not k.isdigit() or int(k) < 1):
+        raise CollectiveError(f"group '{group}': K in across:{level}:K must be a positive integer")
+    return level, int(k) if k else None
+
+
+def units(machine, level: str, k: int | None = None) -> list:
+    """The PE ids of every instance of ``level`` (``chip``), in order; all of one size; only
+    ``k`` of each, evenly spaced, if given."""
     known = list(dict.fromkeys(lv for lv, _ in _levels(machine.pes[0])))
     if level not in known[:-1]:
         raise CollectiveError(f"group 'across:{level}': unknown level on topology '{machine.name}' "
@@ -39,7 +55,10 @@ def units(machine, level: str) -> list:
         raise CollectiveError(f"group 'across:{level}': topology '{machine.name}' has one {level}")
     if len({len(u) for u in out}) != 1:
         raise CollectiveError(f"group 'across:{level}': the {level}s have different PE counts")
-    return out
+    size = len(out[0])
+    if k is not None and k > size:
+        raise CollectiveError(f"group 'across:{level}:{k}': a {level} has {size} PEs")
+    return out if k is None else [[u[t * size // k] for t in range(k)] for u in out]
 
 
 def shares(kind: str, unit_elems: int, n: int, k: int) -> list[int]:
@@ -83,9 +102,10 @@ def candidates(kind, machine, lines, sizes, eb, dtype, op, root, packet_bytes, o
     return out
 
 
-def run(kind, level, algo, machine, nbytes, eb, dtype, op, root, packet_bytes, mode, order, build_one, pick_mode):
+def run(kind, group, algo, machine, nbytes, eb, dtype, op, root, packet_bytes, mode, order, build_one, pick_mode):
     """Simulate the collective across units; -> (algo, lines, shares, built, result, mode, candidates ps)."""
-    found = units(machine, level)
+    level, want = parse(group)
+    found = units(machine, level, want)
     n, k = len(found), len(found[0])
     lines = [tuple(u[t] for u in found) for t in range(k)]
     sizes = shares(kind, nbytes // eb, n, k)
