@@ -21,6 +21,9 @@ from ..topology.system import LEVELS as SYSTEM_LEVELS
 from .collective_plan import CollectiveError
 
 _LEVEL = re.compile(r"([A-Za-z_]+)(\d+)$")
+#: Lines longer than this keep their coordinate order (the greedy ring order asks for a
+#: route between every two members: quadratic; 1536 trays of a pod are 1.2 M routes).
+GREEDY_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,8 @@ def make_grid(machine, pes: tuple) -> Grid:
     for j, k in enumerate(varying):
         base = {kk: machine.pes[pes[0]].coords[kk] for kk in varying}
         line = [rank[tuple(v if kk == k else base[kk] for kk in varying)] for v in vals[k]]
-        ring_vals.append([vals[k][i] for i in _greedy(machine, [pes[m] for m in line])])
+        near = _greedy(machine, [pes[m] for m in line]) if len(line) <= GREEDY_MAX else range(len(line))
+        ring_vals.append([vals[k][i] for i in near])
     coords = tuple(tuple(ring_vals[j].index(machine.pes[p].coords[k]) for j, k in enumerate(varying)) for p in pes)
     at = {c: m for m, c in enumerate(coords)}
     dims = tuple(len(v) for v in ring_vals)
