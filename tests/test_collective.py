@@ -263,7 +263,7 @@ BAD = {
                              "do not split into 16 equal blocks"),
     "unknown algo": (dict(kind="all_reduce", nbytes=1024, algo="butterfly"), r"unknown algorithm 'butterfly'"),
     "unknown op": (dict(kind="all_reduce", nbytes=1024, op="min"), r"unknown reduction 'min' \(known: sum, max\)"),
-    "unknown kind": (dict(kind="all_to_all", nbytes=1024), r"unknown collective 'all_to_all'"),
+    "unknown kind": (dict(kind="all_to_some", nbytes=1024), r"unknown collective .all_to_some."),
     "unknown dtype": (dict(kind="all_reduce", nbytes=1024, dtype="int8"), r"unknown dtype 'int8'"),
     "no payload": (dict(kind="all_reduce"), "nbytes > 0"),
     "root outside": (dict(kind="broadcast", nbytes=1024, root=8), r"root 8 is not a member rank \(0..7\)"),
