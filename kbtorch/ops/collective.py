@@ -302,7 +302,7 @@ def _across(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_
     if algo != "auto" and algo not in ALGOS:
         raise CollectiveError(f"unknown algorithm '{algo}' (known: {', '.join(ALGOS)})")
     algo, lines, sizes, built, result, mode, cands = units.run(kind, group, algo, machine, nbytes, eb, dtype, op, root,
-                                                         packet_bytes, mode, order, _build, _mode)
+                                                         packet_bytes, mode, order, _build, _mode, estimates)
     sched, kernels, programs, busy, startup = built
     pes = tuple(p for line in lines for p in line)
     worst = max(busy, key=lambda r: (busy[r], model.describe(r)))

@@ -86,23 +86,29 @@ def build(kind, algo, machine, lines, sizes, eb, dtype, op, root, packet_bytes, 
     return sched, kernels, programs, model.resource_ps(machine, programs), startup
 
 
-def candidates(kind, machine, lines, sizes, eb, dtype, op, root, packet_bytes, order, build_one) -> dict:
+def candidates(kind, machine, lines, sizes, eb, dtype, op, root, packet_bytes, order, build_one, estimate_one) -> dict:
     """``{algo: (estimate ps, built)}``: the estimate is the larger of one line's alpha-beta
-    and the bound of all lines together (their shared links)."""
-    out = {}
-    for algo in ALGOS:
+    (``estimate_one``: collective.estimates) and the bound of all lines together (their
+    shared links). NOTE: algorithms are built in the order of their one-line estimates and
+    the search stops where that estimate alone reaches the best so far (it cannot win)."""
+    nbytes0 = sizes[0] * eb * (len(lines[0]) if kind in BLOCKED else 1)
+    alone = estimate_one(kind, machine, make_grid(machine, lines[0]), nbytes0, eb, root, packet_bytes, order)
+    out, best = {}, None
+    for algo in sorted(alone, key=lambda a: (alone[a], ALGOS.index(a))):
+        if best is not None and alone[algo] >= best:
+            break
         try:
             built = build(kind, algo, machine, lines, sizes, eb, dtype, op, root, packet_bytes, order, build_one)
         except CollectiveError:
             continue
-        sched, kernels, _, busy, startup = built
-        k = kernels[0]
-        ab = model.alpha_beta_ps(machine, sched, lines[0], k.nbytes // sched.blocks, k.packet_elems * eb)
-        out[algo] = (max(ab, startup, max(busy.values())), built)
+        busy, startup = built[3], built[4]
+        out[algo] = (max(alone[algo], startup, max(busy.values())), built)
+        best = out[algo][0] if best is None else min(best, out[algo][0])
     return out
 
 
-def run(kind, group, algo, machine, nbytes, eb, dtype, op, root, packet_bytes, mode, order, build_one, pick_mode):
+def run(kind, group, algo, machine, nbytes, eb, dtype, op, root, packet_bytes, mode, order, build_one, pick_mode,
+        estimate_one):
     """Simulate the collective across units; -> (algo, lines, shares, built, result, mode, candidates ps)."""
     level, want = parse(group)
     found = units(machine, level, want)
@@ -111,7 +117,8 @@ def run(kind, group, algo, machine, nbytes, eb, dtype, op, root, packet_bytes, m
     sizes = shares(kind, nbytes // eb, n, k)
     lines = lines[:len(sizes)]
     if algo == "auto":
-        cands = candidates(kind, machine, lines, sizes, eb, dtype, op, root, packet_bytes, order, build_one)
+        cands = candidates(kind, machine, lines, sizes, eb, dtype, op, root, packet_bytes, order, build_one,
+                           estimate_one)
         if not cands:
             raise CollectiveError(f"{kind}: no algorithm applies to {nbytes} bytes over {n} {level}s")
         algo = min(cands, key=lambda a: (cands[a][0], ALGOS.index(a)))
