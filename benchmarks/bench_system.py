@@ -38,9 +38,11 @@ PAPER_LAT_NS, PAPER_BW = 4000.0, 1.4 * 2**40 / 1e9      # the paper's Fig. 8 bou
 
 
 def timed(kind: str, machine, nbytes: int, algo: str = "auto", group: str = GROUP) -> dict:
-    t0 = time.perf_counter()
+    """One collective; wall and CPU seconds of the whole call (the 2-core machine is shared:
+    CPU seconds are what it costs when it has a core to itself)."""
+    t0, c0 = time.perf_counter(), time.process_time()
     r = collective(kind, group=group, algo=algo, machine=machine, nbytes=nbytes, dtype="bf16")
-    return dict(r.as_dict(), total_wall_s=time.perf_counter() - t0)
+    return dict(r.as_dict(), total_wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0)
 
 
 def topo() -> dict:
@@ -74,19 +76,19 @@ def summary(points: list) -> dict:
 
 
 def sixty_four() -> dict:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     m = load_machine("maia200_x64")
     load_s = time.perf_counter() - t0
     r = timed("all_reduce", m, GiB)
-    return dict(r, load_s=load_s, total_s=time.perf_counter() - t0)
+    return dict(r, load_s=load_s, total_s=time.perf_counter() - t0, total_cpu_s=time.process_time() - c0)
 
 
 def pod() -> dict:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     m = load_machine("maia200_pod")
-    load_s = time.perf_counter() - t0
+    load_s, load_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     r = timed("all_reduce", m, 64 * KiB, algo="tree", group="across:chip")
-    return dict(r, load_s=load_s, chips=m.chips, total_s=time.perf_counter() - t0,
+    return dict(r, load_s=load_s, load_cpu_s=load_cpu_s, chips=m.chips, total_s=time.perf_counter() - t0,
                 max_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
 
 
@@ -102,10 +104,14 @@ def main(argv=None) -> int:
     res["allgather"] = allgather(args.quick)
     ag = res["allgather_summary"] = summary(res["allgather"])
     x8 = load_machine("maia200_x8")
-    res["allreduce"] = timed("all_reduce", x8, GiB)
-    res["alltoall"] = timed("all_to_all", x8, 64 * MiB * x8.chips)
-    res["x64"] = sixty_four()
-    res["pod"] = None if args.quick else pod()
+    for key, run in (("allreduce", lambda: timed("all_reduce", x8, GiB)),
+                     ("alltoall", lambda: timed("all_to_all", x8, 64 * MiB * x8.chips)),
+                     ("x64", sixty_four), ("pod", None if args.quick else pod)):
+        res[key] = run() if run else None
+        if res[key]:
+            r = res[key]
+            print(f"  {key}: {r['algo']} {r['latency_ns'] / 1e3:.1f} us, {r['pct_bound']:.1f}% of bound, "
+                  f"{r['total_wall_s']:.0f} s wall, {r['cpu_s']:.0f} s CPU", flush=True)
     rows = [(k, res[k]["algo"], res[k]["mode"], f"{res[k]['latency_ns'] / 1e3:.1f}", f"{res[k]['busbw_gbps']:.0f}",
              f"{res[k]['pct_bound']:.1f}", res[k]["bottleneck"], f"{res[k]['total_wall_s']:.0f}")
             for k in ("allreduce", "alltoall", "x64", "pod") if res[k]]
@@ -122,17 +128,18 @@ def main(argv=None) -> int:
         {"target": "1 KiB per chip all-gather within 2.5-10 us", "measured": f"{ag['lat_1kib_ns'] / 1e3:.2f} us",
          "pass": 2500 <= ag["lat_1kib_ns"] <= 10000},
         {"target": "all-reduce 1 GiB >= 85% of bound, wall <= 120 s",
-         "measured": f"{res['allreduce']['pct_bound']:.1f}%, {res['allreduce']['total_wall_s']:.0f} s",
+         "measured": f"{res['allreduce']['pct_bound']:.1f}%, {res['allreduce']['total_wall_s']:.0f} s "
+                     f"({res['allreduce']['cpu_s']:.0f} s CPU)",
          "pass": res["allreduce"]["pct_bound"] >= 85 and res["allreduce"]["total_wall_s"] <= 120},
         {"target": "all-to-all 64 MiB per chip runs, % of bound reported",
          "measured": f"{res['alltoall']['pct_bound']:.1f}%", "pass": True},
         {"target": "64 chips: load + 1 GiB all-reduce <= 120 s", "measured": f"{res['x64']['total_s']:.0f} s "
-         f"(load {res['x64']['load_s']:.0f} s)", "pass": res["x64"]["total_s"] <= 120},
+         f"(load {res['x64']['load_s']:.0f} s; {res['x64']['total_cpu_s']:.0f} s CPU)", "pass": res["x64"]["total_s"] <= 120},
     ]
     if res["pod"]:
         p = res["pod"]
         targets.append({"target": "pod: 6144 chips load + one collective", "measured": f"{p['chips']} chips, load "
-                        f"{p['load_s']:.0f} s, all-reduce {p['total_wall_s']:.0f} s, {p['max_rss_gb']:.1f} GB",
+                        f"{p['load_s']:.0f} s ({p['load_cpu_s']:.0f} s CPU), all-reduce {p['total_wall_s']:.0f} s, {p['max_rss_gb']:.1f} GB",
                         "pass": p["chips"] == 6144})
     finish(targets, t0, args.json, res)
     return 0
