@@ -85,3 +85,7 @@ def test_bench_alltoall_cli(capsys):
                  "--group", "chip:1", "--check"]) == 0
     out = capsys.readouterr().out
     assert "all_to_all" in out and "allclose yes" in out
+    assert main(["bench", "allgather", "--bytes", "8KiB", "--topology", str(DATA / "tiny_system.toml"),
+                 "--group", "across:chip:2", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "4 (group across:chip:2)" in out and "allclose yes" in out
