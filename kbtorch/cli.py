@@ -161,6 +161,8 @@ def _topo_text(s: dict) -> str:
         ("HBM bandwidth (aggregate)", f"{s['hbm_gbps_total']:g} GB/s"),
         ("HBM capacity", f"{s['hbm_gib_total']:g} GiB in {s['hbm_channels']} pseudo-channels"),
         ("SRAM capacity", f"{s['sram_mib_total']:g} MiB"),
+        *([("chips", f"{s['chips']} x {s['chip']} ({s['trays']} trays x {s['chips_per_tray']}); switches: "
+            + (", ".join(f"{t} {c}" for t, c in s["switches"].items()) or "none"))] if "chips" in s else []),
     ], disable_numparse=True)
     nodes = tabulate(sorted(s["nodes_by_kind"].items()), headers=("node kind", "count"))
     links = tabulate([(k, v["kind"], v["edges"], v["bw_gbps"], v["prop_ns"]) for k, v in s["links"].items()],

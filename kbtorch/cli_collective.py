@@ -1,4 +1,4 @@
-"""``kbtorch bench allreduce|allgather|reducescatter|broadcast``: a simulated collective with
+"""``kbtorch bench allreduce|allgather|reducescatter|broadcast|alltoall``: a simulated collective with
 its bandwidths, bound and analytic estimate and, with ``--check``, a comparison against what
 torch.distributed would return."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from .units import fmt_bytes
 
 #: Subcommand -> collective kind of ``kbtorch.ops.collective``.
 COLLECTIVES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-               "broadcast": "broadcast"}
+               "broadcast": "broadcast", "alltoall": "all_to_all"}
 REDUCING = ("all_reduce", "reduce_scatter")
 COLLECTIVE_ALGOS = ("ring", "bidir-ring", "2d", "direct", "tree", "hier", "auto")
 COLLECTIVE_OPS = ("sum", "max")
@@ -28,9 +28,12 @@ the bound (the larger of the startup latency and the busiest resource's time), t
 bottleneck, and the step-by-step alpha-beta estimate.
 
 --bytes is the per-member buffer as nccl-tests counts it: the whole tensor of an all-reduce,
-the input of a reduce-scatter, the gathered output of an all-gather, the broadcast buffer.
---group is all, a level of the topology (cube, sip, ...; cube:3 for the fourth), or a PE
-list such as 0-7,16. --algo auto picks the algorithm with the least predicted time.
+the input of a reduce-scatter, the gathered output of an all-gather, the broadcast buffer,
+the input (= output) of an all-to-all (bus bandwidth x (n-1)/n).
+--group is all, a level of the topology (cube, sip, ...; cube:3 for the fourth), a PE
+list such as 0-7,16, or across:chip (across:chip:K) on a system of chips: the chips are the
+members, --bytes is per chip, and all (K) PEs of each chip carry one share of its data.
+--algo auto picks the algorithm with the least predicted time.
 
 The run is timing-only unless --check is given: then every member's buffer is random
 (torch.manual_seed(0), randn in --dtype), the collective also runs on the data and every
@@ -68,6 +71,12 @@ def _members(args, machine) -> int:
     from .ops.collective_plan import CollectiveError, schedule
 
     kind, root = args.collective, getattr(args, "root", 0)
+    if args.group.startswith("across:"):
+        from .ops.collective_units import parse, units
+        try:
+            return len(units(machine, *parse(args.group)))
+        except CollectiveError as exc:
+            raise ValueError(f"argument --group: {exc}") from None
     try:
         pes = resolve_group(machine, args.group)
     except CollectiveError as exc:
@@ -80,8 +89,9 @@ def _members(args, machine) -> int:
     if args.bytes % eb:
         raise ValueError(f"argument --bytes: {args.bytes} bytes is not a whole number of {args.dtype} "
                          f"elements ({eb} bytes each)")
-    if kind == "all_gather" and elems % n:
-        raise ValueError(f"argument --bytes: the gathered {elems} {args.dtype} elements do not split into "
+    if kind in ("all_gather", "all_to_all") and elems % n:
+        what = "gathered" if kind == "all_gather" else "exchanged"
+        raise ValueError(f"argument --bytes: the {what} {elems} {args.dtype} elements do not split into "
                          f"{n} equal shards")
     if args.algo != "auto":
         try:

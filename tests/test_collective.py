@@ -53,6 +53,7 @@ def test_bus_factors():
     assert BUS_FACTOR["reduce_scatter"](8) == pytest.approx(0.875)
     assert BUS_FACTOR["all_gather"](4) == pytest.approx(0.75)
     assert BUS_FACTOR["broadcast"](8) == 1.0
+    assert BUS_FACTOR["all_to_all"](8) == pytest.approx(0.875)
 
 
 def make_shards(kind, n, numel, dtype, seed):
@@ -68,7 +69,7 @@ def assert_outputs(run, kind, shards, op, root):
     rtol, atol = TOL[shards[0].dtype]
     for m, (got, exp) in enumerate(zip(run.outputs, want)):
         assert got.dtype == shards[0].dtype and got.shape == exp.shape, (kind, m)
-        if op == "max" or kind in ("all_gather", "broadcast"):
+        if op == "max" or kind in ("all_gather", "broadcast", "all_to_all"):
             assert torch.equal(got, exp), (kind, m)
         else:
             torch.testing.assert_close(got, exp, rtol=rtol, atol=atol, msg=f"{kind} member {m}")
@@ -78,6 +79,10 @@ def run_numerics(machine, group, n, numel, kind, algo, dtype, op, root):
     shards = make_shards(kind, n, numel, DTYPES[dtype], seed=zlib.crc32(f"{kind} {algo} {dtype} {op}".encode()))
     if algo == "tree" and kind in ("reduce_scatter", "all_gather") and n & (n - 1):
         with pytest.raises(CollectiveError, match="power-of-two"):
+            collective(kind, shards, group=group, algo=algo, op=op, root=root, machine=machine)
+        return
+    if kind == "all_to_all" and algo in ("tree", "bidir-ring"):
+        with pytest.raises(CollectiveError, match="does not apply to all_to_all"):
             collective(kind, shards, group=group, algo=algo, op=op, root=root, machine=machine)
         return
     run = collective(kind, shards, group=group, algo=algo, op=op, root=root, machine=machine)
@@ -266,7 +271,7 @@ BAD = {
                              "do not split into 16 equal blocks"),
     "unknown algo": (dict(kind="all_reduce", nbytes=1024, algo="butterfly"), r"unknown algorithm 'butterfly'"),
     "unknown op": (dict(kind="all_reduce", nbytes=1024, op="min"), r"unknown reduction 'min' \(known: sum, max\)"),
-    "unknown kind": (dict(kind="all_to_all", nbytes=1024), r"unknown collective 'all_to_all'"),
+    "unknown kind": (dict(kind="all_to_some", nbytes=1024), r"unknown collective .all_to_some."),
     "unknown dtype": (dict(kind="all_reduce", nbytes=1024, dtype="int8"), r"unknown dtype 'int8'"),
     "no payload": (dict(kind="all_reduce"), "nbytes > 0"),
     "root outside": (dict(kind="broadcast", nbytes=1024, root=8), r"root 8 is not a member rank \(0..7\)"),

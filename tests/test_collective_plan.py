@@ -48,6 +48,10 @@ def test_verify_every_reduction_and_gather(machines, topo, group, kind, algo):
         with pytest.raises(CollectiveError, match="power-of-two"):
             schedule(kind, algo, grid)
         return
+    if kind == "all_to_all" and algo in ("tree", "bidir-ring"):
+        with pytest.raises(CollectiveError, match="does not apply to all_to_all"):
+            schedule(kind, algo, grid)
+        return
     sched = schedule(kind, algo, grid)
     assert (sched.kind, sched.algo, sched.n) == (kind, algo, n)
     assert sched.blocks % n == 0 or (kind, algo) in (("all_reduce", "tree"), ("all_reduce", "hier"))
@@ -159,10 +163,11 @@ def test_reference_equals_torch(machines, topo, group, algo, op):
         try:
             sched = schedule(kind, algo, grid, root)
         except CollectiveError:
-            assert algo == "tree" and not _power_of_two(n)
+            assert (algo == "tree" and not _power_of_two(n)) or (kind, algo) in (("all_to_all", "tree"),
+                                                                                ("all_to_all", "bidir-ring"))
             continue
         per_member = 3 * sched.blocks
-        numel = per_member // n if kind == "all_gather" else per_member
+        numel = per_member // n if kind in ("all_gather", "all_to_all") else per_member
         shards = [torch.randn(numel, generator=gen) for _ in range(n)]
         out = reference(sched, shards, op)
         want = torch_reference(kind, shards, op, root)
@@ -170,7 +175,7 @@ def test_reference_equals_torch(machines, topo, group, algo, op):
         for m in range(n):
             assert out[m].dtype == torch.float32
             assert out[m].shape == want[m].shape, (kind, m)
-            if op == "max" or kind in ("all_gather", "broadcast"):
+            if op == "max" or kind in ("all_gather", "broadcast", "all_to_all"):
                 assert torch.equal(out[m], want[m]), (kind, m)
             else:
                 torch.testing.assert_close(out[m], want[m], rtol=1e-5, atol=1e-5)

@@ -75,11 +75,15 @@ def test_launch_node_must_exist(tmp_path):
 
 
 def test_allgather_on_eight_chips():
+    # NOTE: maia200_x8 is 8 full chips since issue 23 (it was 8 one-PE stand-ins): 288 PEs, the
+    # chips are the members of group "across:chip", each chip's tiles carry its block.
     x8 = load_machine("maia200_x8")
-    assert len(x8.pes) == 8
+    assert len(x8.pes) == 8 * 36 and x8.chips == 8
+    assert x8.peak_tflops("bf16") == pytest.approx(8 * 1179.648)
     shards = [torch.randn(512, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(i)) for i in range(8)]
     for algo in ("direct", "ring"):
-        run = all_gather(shards, group="all", algo=algo, machine=x8)
+        run = all_gather(shards, group="across:chip", algo=algo, machine=x8)
+        assert run.members == 8 and len(run.pes) == 288
         assert all(torch.equal(o, r) for o, r in zip(run.outputs, torch_reference("all_gather", shards)))
         assert run.latency_ns > 4000                                     # through the switched part
 

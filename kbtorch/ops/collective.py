@@ -1,12 +1,12 @@
-"""Collectives on the simulated PEs: all-reduce, reduce-scatter, all-gather, broadcast.
+"""Collectives on the simulated PEs: all-reduce, reduce-scatter, all-gather, broadcast, all-to-all.
 
 Two independent passes over one schedule (``collective_plan``): the numeric pass interprets
 it on torch tensors (each member's shard), the timing pass runs the collective tile kernel
 (``collective_kernel``) on the simulator. ``nbytes`` is the per-member buffer as
 nccl-tests counts it: the whole tensor of an all-reduce, the input of a reduce-scatter, the
-output of an all-gather, the broadcast buffer. Bus bandwidth follows nccl-tests too:
-``algbw * 2(n-1)/n`` (all-reduce), ``* (n-1)/n`` (reduce-scatter, all-gather), ``* 1``
-(broadcast).
+output of an all-gather, the broadcast buffer, the input (= output) of an all-to-all. Bus
+bandwidth follows nccl-tests too: ``algbw * 2(n-1)/n`` (all-reduce), ``* (n-1)/n``
+(reduce-scatter, all-gather, all-to-all), ``* 1`` (broadcast).
 
 ``algo="auto"`` picks, like NCCL's tuner, the algorithm with the least predicted time: the
 step-by-step alpha-beta estimate of ``collective_model`` for every algorithm that applies
@@ -25,6 +25,7 @@ from .. import limits
 from ..kernel import run_programs
 from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, dtype_of, register
 from . import collective_model as model
+from . import collective_units as units
 from .collective_group import make_grid, resolve_group
 from .collective_kernel import CollectiveKernel
 from .collective_layout import largest_xfer_blocks, packet_size
@@ -32,7 +33,8 @@ from .layout import page_align
 from .collective_plan import ALGOS, KINDS, OPS, ORDERS, CollectiveError, reference, schedule
 
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-              "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+              "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0,
+              "all_to_all": lambda n: (n - 1) / n}
 #: Above this many bytes moved in all (nbytes x members x 3), ``mode="auto"`` runs coarse.
 COARSE_BYTES = 4 * 2**30
 #: Above this many commands in the built kernel (all members' programs), ``mode="auto"``
@@ -70,7 +72,13 @@ class CollectiveRun(OpRun):
     candidates: dict = field(default_factory=dict)
     root: int = 0
     packet_bytes: int = 0
+    units: int = 0          # members of a collective across units (``across:chip``), else 0
     outputs: list | None = field(default=None, repr=False)
+
+    @property
+    def members(self) -> int:
+        """Members as nccl-tests counts them: the units (chips) of ``across:LEVEL``, else the PEs."""
+        return self.units or len(self.pes)
 
     @property
     def kind(self) -> str:
@@ -87,10 +95,10 @@ class CollectiveRun(OpRun):
 
     @property
     def busbw_gbps(self) -> float:
-        return self.algbw_gbps * BUS_FACTOR[self.kind](len(self.pes))
+        return self.algbw_gbps * BUS_FACTOR[self.kind](self.members)
 
     def as_dict(self) -> dict:
-        return {"collective": self.kind, "algo": self.algo, "members": len(self.pes),
+        return {"collective": self.kind, "algo": self.algo, "members": self.members, "pes": len(self.pes),
                 "op": self.reduction if self.kind in ("all_reduce", "reduce_scatter") else None,
                 "root": self.root if self.kind == "broadcast" else None, "packet_bytes": self.packet_bytes,
                 "bytes": self.nbytes, "dtype": self.dtype, "mode": self.mode,
@@ -138,6 +146,10 @@ def padded_bytes(sched, nbytes: int, eb: int) -> int | None:
     (as torch's tensor collectives do), each a whole number of blocks: else None, the
     algorithm does not apply."""
     elems = nbytes // eb
+    if sched.kind == "all_to_all":
+        # NOTE: the kernel addresses an all-to-all's n x n blocks in one region per member
+        # (block s * n + d at its id), so it is given n x the member's buffer.
+        return nbytes * sched.n if elems % sched.n == 0 else None
     if sched.kind in ("all_reduce", "broadcast"):
         return -(-elems // sched.blocks) * sched.blocks * eb
     return nbytes if elems % sched.blocks == 0 else None
@@ -234,7 +246,7 @@ def checked(kind, shards, group, op, root, nbytes, dtype, machine, packet_bytes,
         raise CollectiveError(f"unknown reduction '{op}' (known: {', '.join(OPS)})")
     pes = resolve_group(machine, group)
     nbytes, dtype = _shards(kind, shards, len(pes), nbytes, dtype)
-    regions = 4 if kind in ("all_reduce", "reduce_scatter") else 3     # input, output, 2 scratch
+    regions = {"all_reduce": 4, "reduce_scatter": 4, "all_to_all": 3 * len(pes)}.get(kind, 3)  # in, out, 2 scratch
     try:
         limits.check_hbm(machine, pes, regions * page_align(machine, nbytes), f"{kind} of {nbytes} bytes per member")
     except ValueError as exc:
@@ -253,6 +265,8 @@ def checked(kind, shards, group, op, root, nbytes, dtype, machine, packet_bytes,
 def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode,
                 order) -> CollectiveRun:
     machine = as_machine(machine)
+    if isinstance(group, str) and group.startswith("across:"):
+        return _across(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode, order)
     pes, nbytes, dtype = checked(kind, shards, group, op, root, nbytes, dtype, machine, packet_bytes, mode, order)
     grid = make_grid(machine, pes)
     eb = DTYPES[dtype].bytes
@@ -278,12 +292,40 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, pac
         machine, sched, pes, kernel.nbytes // sched.blocks, kernel.packet_elems * eb)
     outputs = None
     if shards is not None:
-        inputs = _pad(shards, kernel.nbytes, op) if kernel.nbytes != nbytes else shards
+        inputs = _pad(shards, kernel.nbytes, op) if kernel.nbytes != nbytes and kind != "all_to_all" else shards
         outputs = [o[:nbytes // eb] for o in reference(sched, inputs, op)]
     return CollectiveRun(op=kind, machine=machine, result=result, pes=tuple(pes), dtype=dtype, analytic_ps=analytic,
                          bound_ps=bound, plan=algo, algo=algo, reduction=op, nbytes=nbytes, mode=mode,
                          startup_ps=startup, limiter="startup" if startup >= busy[worst] else model.describe(worst),
                          candidates=cands, root=root, packet_bytes=kernel.packet_elems * eb, outputs=outputs)
+
+
+def _across(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode, order) -> CollectiveRun:
+    """A collective whose members are the units of a level (``across:chip``): see ``collective_units``."""
+    n = len(units.units(machine, units.parse(group)[0]))
+    nbytes, dtype = _shards(kind, shards, n, nbytes, dtype)
+    eb = DTYPES[dtype].bytes
+    if mode not in ("auto", *MODES):
+        raise CollectiveError(f"unknown mode '{mode}' (known: auto, {', '.join(MODES)})")
+    if algo != "auto" and algo not in ALGOS:
+        raise CollectiveError(f"unknown algorithm '{algo}' (known: {', '.join(ALGOS)})")
+    algo, lines, sizes, built, result, mode, cands = units.run(kind, group, algo, machine, nbytes, eb, dtype, op, root,
+                                                         packet_bytes, mode, order, _build, _mode, estimates)
+    sched, kernels, programs, busy, startup = built
+    pes = tuple(p for line in lines for p in line)
+    worst = max(busy, key=lambda r: (busy[r], model.describe(r)))
+    k0 = kernels[0]
+    analytic = cands.get(algo) or model.alpha_beta_ps(machine, sched, lines[0], k0.nbytes // sched.blocks,
+                                                      k0.packet_elems * eb)
+    outputs = None
+    if shards is not None:
+        pad = units.line_reference(kind, op, eb, padded_bytes, _pad)
+        outputs = units.numerics(kind, algo, machine, lines, sizes, shards, op, root, order, pad)
+    return CollectiveRun(op=kind, machine=machine, result=result, pes=pes, dtype=dtype, analytic_ps=analytic,
+                         bound_ps=max(startup, busy[worst]), plan=algo, algo=algo, reduction=op, nbytes=nbytes,
+                         mode=mode, startup_ps=startup,
+                         limiter="startup" if startup >= busy[worst] else model.describe(worst), candidates=cands,
+                         root=root, packet_bytes=k0.packet_elems * eb, units=n, outputs=outputs)
 
 
 def concurrent(specs: list, *, machine=None, mode: str = "fast") -> list[float]:
@@ -356,9 +398,17 @@ def broadcast(shards=None, **kw) -> CollectiveRun:
     return collective("broadcast", shards, **kw)
 
 
+def all_to_all(shards=None, **kw) -> CollectiveRun:
+    """Member d ends with block d of every member's buffer, in member order (torch's
+    ``all_to_all_single`` with equal splits)."""
+    return collective("all_to_all", shards, **kw)
+
+
 def torch_reference(kind: str, shards: list, op: str = "sum", root: int = 0) -> list:
     """What torch.distributed would return on each member, computed directly."""
     n = len(shards)
+    if kind == "all_to_all":
+        return [torch.cat([s.reshape(-1).chunk(n)[d] for s in shards]) for d in range(n)]
     if kind == "all_gather":
         return [torch.cat([s.reshape(-1) for s in shards])] * n
     if kind == "broadcast":

@@ -17,9 +17,13 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
+from ..topology.system import LEVELS as SYSTEM_LEVELS
 from .collective_plan import CollectiveError
 
 _LEVEL = re.compile(r"([A-Za-z_]+)(\d+)$")
+#: Lines longer than this keep their coordinate order (the greedy ring order asks for a
+#: route between every two members: quadratic; 1536 trays of a pod are 1.2 M routes).
+GREEDY_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class Grid:
     dims: tuple
     coords: tuple
     order: list
+    inner: int = 1          # leading dimensions inside one chip (``hier``'s first phase)
 
     def line(self, m: int, j: int) -> list:
         """The members that differ from ``m`` only along dimension ``j``, by ring position."""
@@ -139,12 +144,21 @@ def make_grid(machine, pes: tuple) -> Grid:
     for j, k in enumerate(varying):
         base = {kk: machine.pes[pes[0]].coords[kk] for kk in varying}
         line = [rank[tuple(v if kk == k else base[kk] for kk in varying)] for v in vals[k]]
-        ring_vals.append([vals[k][i] for i in _greedy(machine, [pes[m] for m in line])])
+        near = _greedy(machine, [pes[m] for m in line]) if len(line) <= GREEDY_MAX else range(len(line))
+        ring_vals.append([vals[k][i] for i in near])
     coords = tuple(tuple(ring_vals[j].index(machine.pes[p].coords[k]) for j, k in enumerate(varying)) for p in pes)
     at = {c: m for m, c in enumerate(coords)}
     dims = tuple(len(v) for v in ring_vals)
     order = [at[c] for c in _snake(dims)]
-    return Grid(tuple(pes), tuple(varying), dims, coords, order)
+    return Grid(tuple(pes), tuple(varying), dims, coords, order, _inner(machine, pes, varying))
+
+
+def _inner(machine, pes: tuple, varying: list) -> int:
+    """How many of the grid's dimensions (innermost first) lie inside one chip: on a system
+    whose group spans chips, those below the system's levels; else 1 (``hier``'s lines)."""
+    if getattr(machine, "system", None) is None or len({machine.chip_of(p) for p in pes}) == 1:
+        return 1
+    return sum(1 for k in varying if k not in SYSTEM_LEVELS)
 
 
 def _snake(dims: tuple) -> list:

@@ -21,8 +21,16 @@ Algorithms (``ALGOS``):
 - ``tree``: recursive doubling (all-reduce exchanges the whole buffer, ``log2 n`` steps),
   recursive halving for reduce-scatter, a binomial tree for broadcast;
 - ``hier``: hierarchical all-reduce: reduce-scatter inside each line of the innermost grid
-  dimension, recursive doubling of each share across the lines, all-gather back (other
-  kinds as ``2d``).
+  dimension (on a system of chips: inside each chip), recursive doubling of each share
+  across the lines (chips), all-gather back (other kinds as ``2d``).
+
+All-to-all (``all_to_all``, MoE dispatch and combine): member ``s`` holds ``n`` blocks, block
+``s * n + d`` for member ``d``; member ``d`` keeps blocks ``s * n + d`` in source order
+(torch's ``all_to_all_single``). ``direct``: every block straight to its member in one step;
+``ring``: pairwise shifts, at step ``k`` each member sends to the member ``k`` ring positions
+ahead (``n - 1`` steps, one peer per step); ``2d`` and ``hier``: one direct phase per grid
+dimension (on a system: inside the chip first), each block moving along one dimension at a
+time, so a member talks only to the members of its lines.
 """
 from __future__ import annotations
 
@@ -30,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
 ALGOS = ("ring", "bidir-ring", "2d", "direct", "tree", "hier")
 ORDERS = ("rank", "grid")
 OPS = {"sum": torch.add, "max": torch.maximum}
@@ -117,7 +125,41 @@ def _merge(*phases) -> list:
     return out
 
 
+def _a2a_direct(grid) -> tuple[int, list]:
+    n = len(grid.order)
+    return n * n, [[Xfer(s, d, (s * n + d,), False) for s in range(n) for d in range(n) if d != s]]
+
+
+def _a2a_shift(grid) -> tuple[int, list]:
+    order, n = grid.order, len(grid.order)
+    return n * n, [[Xfer(order[p], order[(p + k) % n], (order[p] * n + order[(p + k) % n],), False) for p in range(n)]
+                   for k in range(1, n)]
+
+
+def _a2a_dims(grid, groups: list) -> tuple[int, list]:
+    """One direct phase per group of grid dimensions: a block moves to the member whose
+    coordinates along those dimensions are its destination's."""
+    n = len(grid.order)
+    at = {c: m for m, c in enumerate(grid.coords)}
+    where = {s * n + d: s for s in range(n) for d in range(n)}
+    steps = []
+    for dims in groups:
+        moves: dict = {}
+        for b, m in where.items():
+            c, t = list(grid.coords[m]), grid.coords[b % n]
+            for j in dims:
+                c[j] = t[j]
+            dst = at[tuple(c)]
+            if dst != m:
+                moves.setdefault((m, dst), []).append(b)
+                where[b] = dst
+        steps.append([Xfer(s, d, tuple(sorted(bs)), False) for (s, d), bs in sorted(moves.items())])
+    return n * n, steps
+
+
 def ring(kind: str, grid, root: int) -> tuple[int, list]:
+    if kind == "all_to_all":
+        return _a2a_shift(grid)
     order = grid.order
     if kind == "broadcast":
         return 1, _chain(order, order.index(root), (0,))
@@ -130,6 +172,8 @@ def ring(kind: str, grid, root: int) -> tuple[int, list]:
 def bidir_ring(kind: str, grid, root: int) -> tuple[int, list]:
     """Blocks ``2i`` travel clockwise, blocks ``2i + 1`` counter-clockwise."""
     order, n = grid.order, len(grid.order)
+    if kind == "all_to_all":
+        raise CollectiveError("algorithm 'bidir-ring' does not apply to all_to_all (use ring, direct, 2d or hier)")
     if kind == "broadcast":
         r = order.index(root)
         return 2, _merge(_chain(order, r, (0,), True), _chain(order, r, (1,), False))
@@ -146,6 +190,8 @@ def bidir_ring(kind: str, grid, root: int) -> tuple[int, list]:
 def multi_dim(kind: str, grid, root: int) -> tuple[int, list]:
     """Reduce-scatter along each grid dimension in turn, all-gather back in reverse."""
     n = len(grid.order)
+    if kind == "all_to_all":
+        return _a2a_dims(grid, [[j] for j in range(len(grid.dims))])
     if kind == "broadcast":
         steps, have = [], {root}
         for j in range(len(grid.dims)):
@@ -187,6 +233,8 @@ def _relabel(steps: list, order: list) -> list:
 
 def direct(kind: str, grid, root: int) -> tuple[int, list]:
     n = len(grid.order)
+    if kind == "all_to_all":
+        return _a2a_direct(grid)
     if kind == "broadcast":
         return 1, [[Xfer(root, m, (0,), False) for m in range(n) if m != root]]
     rs = [[Xfer(s, d, (d,), True) for s in range(n) for d in range(n) if d != s]]
@@ -232,8 +280,13 @@ def hierarchical(kind: str, grid, root: int) -> tuple[int, list]:
     all-reduce of block ``i`` by recursive doubling among the members at position ``i``
     (snake order), then all-gather back inside each line. Only a line's share of the data
     crosses between lines. Other kinds, and one-dimensional groups, as ``2d``."""
-    if kind != "all_reduce" or len(grid.dims) < 2:
+    inner = grid.inner
+    if kind == "all_to_all" and len(grid.dims) > 1:
+        return _a2a_dims(grid, [list(range(inner)), list(range(inner, len(grid.dims)))])
+    if kind != "all_reduce" or len(grid.dims) < 2 or inner == len(grid.dims):
         return multi_dim(kind, grid, root)
+    if inner > 1:
+        return _chip_hierarchical(grid, inner)
     n0 = grid.dims[0]
     lines = sorted({tuple(grid.line(m, 0)) for m in range(len(grid.order))})
     phases = [_line_rs_ag(list(line)) for line in lines]
@@ -241,9 +294,24 @@ def hierarchical(kind: str, grid, root: int) -> tuple[int, list]:
     return n0, _merge(*(rs for rs, _ in phases)) + _merge(*outer) + _merge(*(ag for _, ag in phases))
 
 
+def _chip_hierarchical(grid, inner: int) -> tuple[int, list]:
+    """``hier`` all-reduce with the first ``inner`` grid dimensions inside one unit (a chip):
+    reduce-scatter inside each unit (its members in snake order), recursive doubling of
+    share ``i`` among the members at position ``i`` of every unit, all-gather back."""
+    units: dict = {}
+    for m in grid.order:
+        units.setdefault(grid.coords[m][inner:], []).append(m)
+    lines = list(units.values())
+    phases = [_line_rs_ag(line) for line in lines]
+    outer = [_doubling_all_reduce([line[i] for line in lines], (i,)) for i in range(len(lines[0]))]
+    return len(lines[0]), _merge(*(rs for rs, _ in phases)) + _merge(*outer) + _merge(*(ag for _, ag in phases))
+
+
 def tree(kind: str, grid, root: int) -> tuple[int, list]:
     """Recursive doubling / halving over ring positions (partners at distance 1, 2, 4, ...)."""
     order, n = grid.order, len(grid.order)
+    if kind == "all_to_all":
+        raise CollectiveError("algorithm 'tree' does not apply to all_to_all (use ring, direct, 2d or hier)")
     if kind == "broadcast":
         r, steps, k = order.index(root), [], 1
         while k < n:
@@ -301,8 +369,10 @@ def schedule(kind: str, algo: str, grid, root: int = 0, order: str = "rank") -> 
             rank[m] = i
     own = tuple(tuple(range(rank[m] * per, (rank[m] + 1) * per)) for m in range(n))
     holds = {"all_reduce": (everything,) * n, "reduce_scatter": (everything,) * n, "all_gather": own,
-             "broadcast": tuple(everything if m == root else () for m in range(n))}[kind]
+             "broadcast": tuple(everything if m == root else () for m in range(n)), "all_to_all": own}[kind]
     keeps = own if kind == "reduce_scatter" else (everything,) * n
+    if kind == "all_to_all":
+        keeps = tuple(tuple(s * n + m for s in range(n)) for m in range(n))
     return Schedule(kind, algo, n, blocks, tuple(tuple(s) for s in steps if s), holds, keeps)
 
 
@@ -329,7 +399,11 @@ def verify(sched: Schedule) -> None:
         known = new
     for m in range(sched.n):
         for b in sched.keeps[m]:
-            if known[m].get(b) != everyone:
+            if sched.kind == "all_to_all":
+                if known[m].get(b) != 1 << (b // sched.n):
+                    raise CollectiveError(f"{sched.algo} all_to_all: member {m} ends without block {b} of member "
+                                          f"{b // sched.n}")
+            elif known[m].get(b) != everyone:
                 raise CollectiveError(f"{sched.algo} {sched.kind}: member {m} ends with an incomplete block {b}")
 
 
@@ -340,7 +414,7 @@ def reference(sched: Schedule, inputs: list, op: str = "sum") -> list:
         raise CollectiveError(f"unknown reduction '{op}' (known: {', '.join(OPS)})")
     n, nb = sched.n, sched.blocks
     flat = [x.reshape(-1) for x in inputs]
-    total = flat[0].numel() * (n if sched.kind == "all_gather" else 1)
+    total = flat[0].numel() * (n if sched.kind in ("all_gather", "all_to_all") else 1)
     if total % nb:
         raise CollectiveError(f"{sched.algo}: {total} elements per member do not split into {nb} equal blocks")
     vals = []

@@ -15,6 +15,7 @@ Every error is a :class:`TopologyError` naming the file and the entry at fault.
 """
 from __future__ import annotations
 
+import importlib.resources
 import os
 import stat
 import tomllib
@@ -24,9 +25,18 @@ from .errors import TopologyError, did_you_mean
 from .expand import Expander, RawTopology
 from .overrides import apply_overrides, blame
 from .size import check_size, element_limit
+from .system import check_system, chip_file, compile_system, is_system
 from .validate import validate
 
-__all__ = ["RawTopology", "load_raw", "read_toml", "resolve_doc"]
+__all__ = ["RawTopology", "load_raw", "read_toml", "resolve_doc", "topology_dirs", "TOPOLOGY_DIR"]
+#: The shipped topologies: package data (kbtorch/topologies/*.toml), found in a checkout and in
+#: an installed wheel alike.
+TOPOLOGY_DIR = Path(str(importlib.resources.files("kbtorch") / "topologies"))
+
+
+def topology_dirs() -> list[str]:
+    """Where a bare topology name is looked up: $KBTORCH_TOPOLOGIES, then the shipped ones."""
+    return [d for d in os.environ.get("KBTORCH_TOPOLOGIES", "").split(os.pathsep) if d] + [str(TOPOLOGY_DIR)]
 
 
 def read_toml(path: str | Path) -> dict:
@@ -64,10 +74,14 @@ def resolve_doc(path: str | Path, overrides: dict | None = None) -> dict:
     a machine is built from (and its key in a sweep). Raises TopologyError on bad input."""
     path = str(path)
     doc = read_toml(path)
-    if overrides is not None:
-        apply_overrides(doc, overrides, path)
+    layout = None
     try:
-        validate(doc, path)
+        if is_system(doc):
+            doc, layout = _system(doc, path, overrides)
+        else:
+            if overrides is not None:
+                apply_overrides(doc, overrides, path)
+            validate(doc, path)
     except TopologyError as exc:
         raise blame(exc, overrides) from None
     return doc
@@ -92,8 +106,23 @@ def load_raw(path: str | Path, overrides: dict | None = None, max_elements: int 
             raise TopologyError(path, f"machine.{key}", f"unknown block '{machine[key]}'{did_you_mean(machine[key], blocks)}")
     check_size(doc, path, element_limit(path, max_elements))
     raw = RawTopology(path=path, machine=machine, issue=doc["issue"], links=doc["links"], launch=doc.get("launch"),
-                      routing=doc.get("routing"))
+                      routing=doc.get("routing"), system=layout)
     Expander(raw, doc["components"], blocks).run()
     if not raw.pes:
         raise TopologyError(path, "machine.pe_block", f"block '{machine['pe_block']}' is never instantiated")
     return raw
+
+
+def _system(doc: dict, path: str, overrides) -> tuple:
+    """A system file compiled to a chip-style document over its chip file, and its layout."""
+    check_system(doc, path, overrides)
+    chip_path = chip_file(path, doc["system"]["chip"], topology_dirs())
+    chip = read_toml(chip_path)
+    if is_system(chip):
+        raise TopologyError(path, "system.chip", f"'{chip_path}' is a system file; a system's chips are chip files")
+    apply_overrides(chip, doc["system"].get("chip_overrides", {}), chip_path)
+    validate(chip, chip_path)
+    top = chip["machine"]["top"]
+    if top not in chip["blocks"]:
+        raise TopologyError(chip_path, "machine.top", f"unknown block '{top}'{did_you_mean(top, chip['blocks'])}")
+    return compile_system(doc, path, chip, chip_path)

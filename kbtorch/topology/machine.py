@@ -8,7 +8,6 @@ Time in the simulator is integer picoseconds. Each link carries ``bw_gbps`` and
 from __future__ import annotations
 
 import functools
-import importlib.resources
 import os
 import weakref
 from dataclasses import dataclass
@@ -19,17 +18,16 @@ import networkx as nx
 from .errors import TopologyError, did_you_mean
 from .facts import MachineFacts
 from .launch import Launch, segments
-from .loader import load_raw, resolve_doc
+from .loader import TOPOLOGY_DIR, load_raw, resolve_doc, topology_dirs
 from .overrides import freeze_overrides, thaw_overrides
 from .multipath import Paths, RoutingPolicy
 from .routing import Router
+from .system import LEVELS as SYSTEM_LEVELS
+from .system_route import SystemRouter
 from .validate import content_digest
 
 #: Engines every PE block must define (the tile-kernel API's model of a PE).
 PE_ROLES = ("cp", "sched", "dma_rd", "dma_wr", "gemm", "math", "tcm", "ipcq")
-#: The shipped topologies: package data (kbtorch/topologies/*.toml), found in a checkout and in
-#: an installed wheel alike.
-TOPOLOGY_DIR = Path(str(importlib.resources.files("kbtorch") / "topologies"))
 #: The machine every entry point uses when none is named (``use``, $KBTORCH_TOPOLOGY, the
 #: command line's ``--topology``, a sweep's ``topology``).
 DEFAULT_MACHINE = "ahbm"
@@ -141,10 +139,15 @@ class Machine(MachineFacts):
         stray = sorted(set(reset) - set(route_order))
         if stray:
             raise TopologyError(self.path, "machine.route_reset", f"dimensions {stray} are not in route_order")
-        self.router = Router(self.graph, route_order, reset, self.path)
+        self.system = raw.system
+        if self.system is None:
+            self.chip = None
+            self.router = Router(self.graph, route_order, reset, self.path)
+            self._check_routable()
+        else:
+            self._chip_machine(raw)
         self.routing = RoutingPolicy.from_doc(raw.routing, self.graph, self.path)
         self._paths = Paths(self.router, self.routing)
-        self._check_routable()
         self._launch = [segments(self, pe.id) for pe in self.pes]
 
     def __eq__(self, other) -> bool:
@@ -161,6 +164,25 @@ class Machine(MachineFacts):
 
     def __reduce__(self):
         return (machine_of_doc, (self.path, self.doc))
+
+    def _chip_machine(self, raw) -> None:
+        """A system's chip (``self.chip``, a Machine checked on its own) and its router."""
+        lay = self.system
+        self.chip = load_machine(lay.chip_path, lay.chip_overrides or None)
+        clash = sorted(set(self.chip.pes[0].coords) & set(SYSTEM_LEVELS))
+        if clash:
+            raise TopologyError(self.path, "system.chip", f"the chip file {lay.chip_path} has its own dimension "
+                                f"{clash[0]!r}; a system adds {', '.join(SYSTEM_LEVELS)} above the chip")
+        self.router = SystemRouter(self.graph, self.chip.router, lay, self.path)
+
+    @property
+    def chips(self) -> int:
+        """How many chips: a system's, else 1."""
+        return 1 if self.system is None else self.system.chips
+
+    def chip_of(self, pe: int) -> int:
+        """The chip of PE ``pe`` (0 on a single chip); chips are numbered chip-major."""
+        return 0 if self.system is None else pe // len(self.chip.pes)
 
     def launch_segments(self, pe: int) -> tuple:
         """``((element, ps), ...)``: how PE ``pe``'s program start is reached (``topology.launch``;
@@ -240,6 +262,9 @@ class Machine(MachineFacts):
             "hbm_gib_total": sum(self.node_capacity(n) for n in hbm) / 2**30,
             "sram_mib_total": sum(self.node_capacity(n) for n in sram) / 2**20,
             "links": dict(sorted(links.items())),
+            **({} if self.system is None else {"chips": self.chips, "chip": self.chip.name,
+                                                "trays": self.system.trays, "chips_per_tray": self.system.per_tray,
+                                                "switches": {t.name: t.count for t in self.system.tiers}}),
         }
 
 
@@ -247,7 +272,7 @@ def topology_path(name_or_path: str) -> str:
     """A name (``ahbm``) found in KBTORCH_TOPOLOGIES or the shipped topologies (``TOPOLOGY_DIR``), or a path."""
     if name_or_path.endswith(".toml") or os.sep in name_or_path:
         return name_or_path
-    dirs = [d for d in os.environ.get("KBTORCH_TOPOLOGIES", "").split(os.pathsep) if d] + [str(TOPOLOGY_DIR)]
+    dirs = topology_dirs()
     for d in dirs:
         candidate = Path(d) / f"{name_or_path}.toml"
         if candidate.exists():

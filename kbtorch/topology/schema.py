@@ -228,3 +228,52 @@ TOP = Record({
     "components": req(Map(COMPONENT)),
     "blocks": req(Map(BLOCK)),
 })
+
+# --- System files (kbtorch/topology/system.py): chips joined by trays and switch tiers ---
+
+SYSTEM = Record({
+    "name": req(STR),
+    "description": opt(STR),
+    "chip": req(STR),
+    "chip_overrides": opt(Map(Value("any value", lambda v: True))),
+    "trays": req(POS_INT),
+})
+
+#: A port group: ``lanes`` ports (a chip's NICs, e.g. Maia's ANCs) on the chip node ``attach``.
+PORT = Record({
+    "attach": req(NAME),
+    "component": req(STR),
+    "lanes": req(POS_INT),
+    "link": req(STR),
+    "split": opt(BOOL),
+})
+
+TRAY_LINK = Record({
+    "a": req(STR),
+    "b": req(STR),
+    "link": req(STR),
+})
+
+TRAY = Record({
+    "chips": req(POS_INT),
+    "links": opt(Seq(TRAY_LINK)),
+})
+
+#: A switch tier: switches of ``component`` over ``down`` (a port group of the chips, or
+#: the tier below), ``per`` trays (or switches below) each, ``lanes`` x ``link`` per downlink.
+SWITCH = Record({
+    "component": req(STR),
+    "down": req(NAME),
+    "per": req(POS_INT),
+    "link": req(STR),
+    "lanes": opt(POS_INT),
+})
+
+SYSTEM_TOP = Record({
+    "system": req(SYSTEM),
+    "links": req(Map(LINK, key=NAME)),
+    "components": req(Map(COMPONENT, key=NAME)),
+    "ports": req(Map(PORT, key=NAME, non_empty=True)),
+    "tray": req(TRAY),
+    "switches": opt(Map(SWITCH, key=NAME)),
+})

@@ -28,15 +28,17 @@ def content_digest(doc: dict) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def validate(doc: dict, path: str) -> None:
+def validate(doc: dict, path: str, schema=TOP) -> None:
     """Raise TopologyError naming the file and the entry at the first value the schema refuses
-    (a document of a content already checked in this process passes at once)."""
+    (``schema``: a chip file's ``TOP``, or ``SYSTEM_TOP`` for a system file; a document of a
+    content already checked against it in this process passes at once)."""
     digest = content_digest(doc)
-    if digest is not None and digest in _PASSED:
+    key = None if digest is None else (digest, schema is TOP)
+    if key is not None and key in _PASSED:
         return
-    _Checker(path).check(doc, TOP, "")
-    if digest is not None:
-        _PASSED.add(digest)
+    _Checker(path).check(doc, schema, "")
+    if key is not None:
+        _PASSED.add(key)
 
 
 def show(value) -> str:
