@@ -12,10 +12,14 @@ from kbtorch.sim.simulator import Simulator
 from kbtorch.topology import TopologyError, load_machine
 
 AHBM = Path(__file__).resolve().parents[1] / "kbtorch" / "topologies" / "ahbm.toml"
+#: The 8-chip machine of one-PE chips joined by their four ANC port groups (the shipped
+#: maia200_x8 before it was composed of full chips): port-spray over a chip's ports.
+# NOTE: port-spray over a composed system file's port groups is not wired yet (issue 23).
+X8 = Path(__file__).resolve().parent / "data" / "maia200_x8_standin.toml"
 
 
 def x8(policy: str):
-    return load_machine("maia200_x8", overrides={"routing.policy": policy})
+    return load_machine(str(X8), overrides={"routing.policy": policy})
 
 
 def ends(machine, a: int, b: int):
@@ -141,7 +145,7 @@ def test_bad_routing_policies_are_refused_by_name(write_topology, tiny_path, rou
 def test_a_sweep_axis_flips_the_routing_policy(tmp_path):
     from kbtorch.sweep.spec import load_spec
     spec = tmp_path / "spray.toml"
-    spec.write_text('[sweep]\ntopology = "maia200_x8"\n[axes]\n"routing.policy" = ["single", "port-spray"]\n'
+    spec.write_text(f'[sweep]\ntopology = "{X8}"\n[axes]\n"routing.policy" = ["single", "port-spray"]\n'
                     '[workloads.ag]\nop = "all_gather"\nnbytes = 65536\n')
     points = load_spec(spec).points
     assert [dict(p.overrides)["routing.policy"] for p in points] == ["single", "port-spray"]

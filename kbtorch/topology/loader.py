@@ -15,6 +15,7 @@ Every error is a :class:`TopologyError` naming the file and the entry at fault.
 """
 from __future__ import annotations
 
+import copy
 import importlib.resources
 import os
 import stat
@@ -26,7 +27,7 @@ from .expand import Expander, RawTopology
 from .overrides import apply_overrides, blame
 from .size import check_size, element_limit
 from .system import check_system, chip_file, compile_system, is_system
-from .validate import validate
+from .validate import content_digest, validate
 
 __all__ = ["RawTopology", "load_raw", "read_toml", "resolve_doc", "topology_dirs", "TOPOLOGY_DIR"]
 #: The shipped topologies: package data (kbtorch/topologies/*.toml), found in a checkout and in
@@ -74,14 +75,16 @@ def resolve_doc(path: str | Path, overrides: dict | None = None) -> dict:
     a machine is built from (and its key in a sweep). Raises TopologyError on bad input."""
     path = str(path)
     doc = read_toml(path)
-    layout = None
     try:
         if is_system(doc):
-            doc, layout = _system(doc, path, overrides)
-        else:
-            if overrides is not None:
-                apply_overrides(doc, overrides, path)
-            validate(doc, path)
+            check_system(doc, path, overrides)
+            compiled, _ = _compiled(doc, path)
+            # NOTE: the compiled document holds the chip's content (what the machine IS); its
+            # system file rides along so that a worker given only the document has the layout.
+            return dict(compiled, system_file=doc)
+        if overrides is not None:
+            apply_overrides(doc, overrides, path)
+        validate(doc, path)
     except TopologyError as exc:
         raise blame(exc, overrides) from None
     return doc
@@ -100,6 +103,9 @@ def load_raw(path: str | Path, overrides: dict | None = None, max_elements: int 
     path = str(path)
     if doc is None:
         doc = resolve_doc(path, overrides)
+    layout = None
+    if "system_file" in doc:
+        doc, layout = _compiled(doc["system_file"], path)
     machine, blocks = doc["machine"], doc["blocks"]
     for key in ("top", "pe_block"):
         if machine[key] not in blocks:
@@ -113,9 +119,22 @@ def load_raw(path: str | Path, overrides: dict | None = None, max_elements: int 
     return raw
 
 
-def _system(doc: dict, path: str, overrides) -> tuple:
-    """A system file compiled to a chip-style document over its chip file, and its layout."""
-    check_system(doc, path, overrides)
+#: Compiled systems by the digest of their (overridden, checked) system document: a system
+#: is compiled once per process, whether its document comes from a file or from a driver.
+_COMPILED: dict = {}
+
+
+def _compiled(doc: dict, path: str) -> tuple:
+    """(chip-style document, layout) of a checked system document, compiled once per content."""
+    key = (content_digest(doc), path)
+    if key[0] is None or key not in _COMPILED:
+        _COMPILED[key] = _system(copy.deepcopy(doc), path)
+    compiled, layout = _COMPILED[key]
+    return copy.deepcopy(compiled), layout
+
+
+def _system(doc: dict, path: str) -> tuple:
+    """A checked system file compiled to a chip-style document over its chip file, and its layout."""
     chip_path = chip_file(path, doc["system"]["chip"], topology_dirs())
     chip = read_toml(chip_path)
     if is_system(chip):

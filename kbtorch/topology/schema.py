@@ -276,4 +276,5 @@ SYSTEM_TOP = Record({
     "ports": req(Map(PORT, key=NAME, non_empty=True)),
     "tray": req(TRAY),
     "switches": opt(Map(SWITCH, key=NAME)),
+    "routing": opt(ROUTING),
 })

@@ -142,6 +142,9 @@ def compile_system(doc: dict, path: str, chip_doc: dict, chip_path: str) -> tupl
                       "__system": system_block}}
     if "launch" in chip_doc:
         out["launch"] = chip_doc["launch"]
+    # NOTE: the system's own [routing] (its port groups are the paths to spray over), else the chip's.
+    if "routing" in doc or "routing" in chip_doc:
+        out["routing"] = doc.get("routing", chip_doc.get("routing"))
     layout = Layout(chip_path, dict(sysd.get("chip_overrides", {})), sysd["trays"], tray["chips"], groups, direct,
                     tuple(tiers))
     return out, layout
