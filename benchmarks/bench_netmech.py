@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from tabulate import tabulate
 
@@ -28,6 +29,10 @@ from kbtorch.ops.collective import collective
 from kbtorch.ops.gemm import gemm
 from kbtorch.sim.simulator import Simulator
 from kbtorch.topology import load_machine
+
+#: Spraying runs on the 8-chip stand-in (one PE per chip, four ANC port groups): port-spray
+#: over a composed system file's port groups is not wired yet (issue 23).
+X8 = str(Path(__file__).resolve().parents[1] / "tests" / "data" / "maia200_x8_standin.toml")
 from _report import finish
 
 SHAPE = (8192, 8192, 8192)
@@ -54,7 +59,7 @@ def part_a(quick: bool) -> list[dict]:
 def part_b() -> list[dict]:
     rows = []
     for policy in ("single", "minimal-spray", "port-spray"):
-        m = load_machine("maia200_x8", overrides={"routing.policy": policy})
+        m = load_machine(X8, overrides={"routing.policy": policy})
         a, b = m.pes[0].node("dma_wr"), m.pes[3].node("dma_rd")
         paths = m.paths(a, b)
         r = Simulator(m, "fast").run_messages([(a, b, MESSAGE)])
@@ -67,7 +72,7 @@ def part_b() -> list[dict]:
 def part_c(quick: bool) -> list[dict]:
     rows = []
     for policy in ("single", "port-spray"):
-        m = load_machine("maia200_x8", overrides={"routing.policy": policy})
+        m = load_machine(X8, overrides={"routing.policy": policy})
         for per_chip in PER_CHIP[:2] if quick else PER_CHIP:
             t0 = time.perf_counter()
             r = collective("all_gather", nbytes=8 * per_chip, machine=m)
