@@ -5,11 +5,12 @@ machine it models is ``kbtorch.current_machine()``, chosen with ``kbtorch.use``.
 """
 from .profiler import profile
 from .tensor.device import register as _register
+from .tensor.graph import Graph as graph
 from .tensor.placement import Mesh, Partial, Replicate, Shard
 from .tensor.tensor import distribute_tensor, timing_only
 from .topology import current_machine, use
 
 _register()
 
-__all__ = ["Mesh", "Partial", "Replicate", "Shard", "current_machine", "distribute_tensor", "profile",
+__all__ = ["graph", "Mesh", "Partial", "Replicate", "Shard", "current_machine", "distribute_tensor", "profile",
            "timing_only", "use"]

@@ -279,7 +279,14 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, pac
 
 
 def concurrent(specs: list, *, machine=None, mode: str = "fast") -> list[float]:
-    """Run several collectives at the same time on one simulator; -> each one's finish (ns).
+    """Run several collectives at the same time on one simulator; -> each one's finish (ns)
+    (``concurrent_run`` for the run itself)."""
+    result, groups = concurrent_run(specs, machine=machine, mode=mode)
+    return [max(result.pe_finish_ps.get(pe, 0) for pe in pes) / 1000 for pes in groups]
+
+
+def concurrent_run(specs: list, *, machine=None, mode: str = "fast") -> tuple:
+    """Run several collectives at the same time on one simulator; -> (RunResult, each one's PEs).
 
     ``specs``: dicts with ``kind``, ``group``, ``nbytes`` and optionally ``algo`` (not
     ``auto``), ``op``, ``dtype``, ``packet_bytes``. The groups must not share a PE (each
@@ -305,8 +312,7 @@ def concurrent(specs: list, *, machine=None, mode: str = "fast") -> list[float]:
                                   spec.get("packet_bytes"))
         programs.update(kernel.programs())
         groups.append(pes)
-    result = run_programs(programs, machine, mode=mode)
-    return [max(result.pe_finish_ps.get(pe, 0) for pe in pes) / 1000 for pes in groups]
+    return run_programs(programs, machine, mode=mode), groups
 
 
 def all_reduce(shards=None, **kw) -> CollectiveRun:

@@ -4,6 +4,7 @@ Every kernel runs on the machine of the op's tensors (passed in); caches are key
 """
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -51,8 +52,27 @@ def vector(machine, op: str, numel: int, *, placed=None, pes=None, shape=None, i
 @lru_cache(maxsize=1024)
 def _vector(machine, op, n, pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio):
     # NOTE: cached: the simulator is deterministic, so a layer repeated 28 times is simulated once.
-    return elementwise(op, n, inputs=inputs, dtype=dtype, elem_bytes=elem_bytes, machine=machine, pes=pes,
-                       flops_per_element=flops_per_element, out_ratio=out_ratio).result
+    run = elementwise(op, n, inputs=inputs, dtype=dtype, elem_bytes=elem_bytes, machine=machine, pes=pes,
+                      flops_per_element=flops_per_element, out_ratio=out_ratio)
+    # NOTE: what graph-mode fusion (``tensor.fusion``) needs to build the fused pass.
+    run.result.vector = VectorPass(op, n, pes, inputs, dtype, elem_bytes, run.flops // n, out_ratio)
+    return run.result
+
+
+@dataclass(frozen=True)
+class VectorPass:
+    """The parameters of a vector MATH kernel (``vector``): ``n`` elements over ``pes``
+    (all of them on every PE when replicated), ``inputs`` operand streams of
+    ``elem_bytes`` each, ``flops`` per element, ``out_ratio`` output elements per element."""
+
+    op: str
+    n: int
+    pes: tuple
+    inputs: int
+    dtype: str
+    elem_bytes: int
+    flops: int
+    out_ratio: float
 
 
 def mesh_pes(x) -> tuple | None:
@@ -119,8 +139,16 @@ def _summary(machine, r) -> tuple:
     return got[1]
 
 
+#: The graph being captured in this context (``tensor.graph``), or None: the stream.
+CAPTURE: ContextVar = ContextVar("kbtorch_capture", default=None)
+
+
 def record(machine, run: Timed):
-    """Put a timed kernel on the stream (``profiler.record``)."""
+    """Put a timed kernel on the stream (``profiler.record``), or into the graph being
+    captured (``tensor.graph``), which times it later beside the others."""
+    graph = CAPTURE.get()
+    if graph is not None:
+        return graph.kernel(machine, run)
     r = run.result
     nbytes, neck, use = _summary(machine, r)
     return stream_record(run.name, run.shapes, run.kernel, r.latency_ns, flops=run.flops, bytes=nbytes,

@@ -23,10 +23,10 @@ from math import prod
 
 import torch
 
-from ..ops.collective import collective, concurrent
+from ..ops.collective import collective, concurrent_run
 from ..profiler import record
 from .dispatch import root
-from .kernels import dtype_of
+from .kernels import CAPTURE, Timed, dtype_of
 from .placement import Partial, Replicate, Shard, Spec
 
 
@@ -54,8 +54,8 @@ def _kind(old, new) -> str | None:
 
 
 @lru_cache(maxsize=512)
-def _timed(machine, kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple[float, str]:
-    """(latency ns, algorithm) of the collective on every line at once: one line takes the
+def _timed(machine, kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple:
+    """(latency ns, algorithm, RunResult) of the collective on every line at once: one line takes the
     algorithm with the least estimate (``algo="auto"``) with its members' blocks in the
     grid's coordinate order (``order="grid"``), several run rings side by side.
 
@@ -67,9 +67,10 @@ def _timed(machine, kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple[f
     if len(lines) == 1:
         run = collective(kind, group=list(lines[0]), nbytes=nbytes, dtype=dtype, algo="auto", machine=machine,
                          order="grid")
-        return run.latency_ns, run.algo
+        return run.latency_ns, run.algo, run.result
     specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo="ring") for g in lines]
-    return max(concurrent(specs, machine=machine)), "ring"
+    result, groups = concurrent_run(specs, machine=machine)
+    return max(max(result.pe_finish_ps.get(pe, 0) for pe in pes) for pes in groups) / 1000, "ring", result
 
 
 def redistribute(x, placements):
@@ -91,9 +92,14 @@ def redistribute(x, placements):
         lines = _lines(spec.mesh, dim)
         n = len(lines[0])
         elems = -(-x.numel() // (2 * n)) * 2 * n
-        latency, algo = _timed(spec.mesh.machine, kind, tuple(tuple(g) for g in lines), elems * eb, name)
-        record(f"redistribute {old!r}->{new!r}", (tuple(x.shape),), f"{kind} {algo} x{len(lines)}",
-                      latency, bytes=elems * eb * len(lines), detail=f"mesh dim {dim}, {n} PEs per group")
+        latency, algo, result = _timed(spec.mesh.machine, kind, tuple(tuple(g) for g in lines), elems * eb, name)
+        what = (f"redistribute {old!r}->{new!r}", (tuple(x.shape),), f"{kind} {algo} x{len(lines)}")
+        detail = f"mesh dim {dim}, {n} PEs per group"
+        graph = CAPTURE.get()
+        if graph is not None:
+            graph.kernel(spec.mesh.machine, Timed(*what, result, 0, detail))
+        else:
+            record(*what, latency, bytes=elems * eb * len(lines), detail=detail)
     if everywhere:
         base._replicated = spec.mesh
     return wrap(x._value, spec)
