@@ -88,22 +88,35 @@ def _finish_signals(cmds: list, k: int) -> tuple[list, int]:
 
 
 def _gated(cmds: list, waits: list, k: int) -> list:
-    """``cmds`` with ``waits`` before the first command of each engine."""
+    """``cmds`` with ``waits`` before the first command of each engine: on that command, or
+    on gates before it on its engine; a DMA or IPCQ command without room for them waits
+    for ``"<k>.go"``, raised by gates on the MATH engine that wait for them."""
     if not waits:
         return cmds
-    out, seen = [], set()
+    firsts = {}
     for c in cmds:
-        if c.engine not in seen:
-            seen.add(c.engine)
-            if len(c.waits) + len(waits) <= 2:
-                c = replace(c, waits=c.waits + tuple(waits))
+        firsts.setdefault(c.engine, c)
+    out, go = [], [Wait(f"{k}.go", 1, 0)]
+    if any(e not in COMPUTE and len(c.waits) + len(waits) > 2 for e, c in firsts.items()):
+        out = _gates("math", waits, k, last=(Signal(f"{k}.go"),))
+    for c in cmds:
+        if firsts.get(c.engine) is c:
+            need = waits if c.engine in COMPUTE or len(c.waits) + len(waits) <= 2 else go
+            if len(c.waits) + len(need) <= 2:
+                c = replace(c, waits=c.waits + tuple(need))
             elif c.engine in COMPUTE:
-                out += [_gate(c.engine, waits[j:j + 2], label=f"kernel {k} gate") for j in range(0, len(waits), 2)]
+                out += _gates(c.engine, need, k)
             else:
                 raise NotImplementedError(f"graph scheduler: kernel {k}'s first {c.engine} command "
-                                          f"'{c.describe()}' has no room for its {len(waits)} dependency wait(s)")
+                                          f"'{c.describe()}' waits on two semaphores already")
         out.append(c)
     return out
+
+
+def _gates(engine: str, waits: list, k: int, last=()) -> list:
+    """1-byte FETCH gates on ``engine`` waiting for ``waits``, two each; the last one raises ``last``."""
+    n = range(0, len(waits), 2)
+    return [_gate(engine, waits[j:j + 2], last if j == n[-1] else (), label=f"kernel {k} gate") for j in n]
 
 
 def build(kernels: list, deps: list, machine) -> tuple[dict, int]:
