@@ -139,6 +139,12 @@ def _summary(machine, r) -> tuple:
     return got[1]
 
 
+def tracing() -> bool:
+    """Whether torch.compile is tracing (its fake values run through the handlers to learn
+    the results' shapes): nothing runs on the device then, nothing is recorded."""
+    return torch._guards.TracingContext.try_get() is not None
+
+
 #: The graph being captured in this context (``tensor.graph``), or None: the stream.
 CAPTURE: ContextVar = ContextVar("kbtorch_capture", default=None)
 
@@ -146,6 +152,8 @@ CAPTURE: ContextVar = ContextVar("kbtorch_capture", default=None)
 def record(machine, run: Timed):
     """Put a timed kernel on the stream (``profiler.record``), or into the graph being
     captured (``tensor.graph``), which times it later beside the others."""
+    if tracing():
+        return None
     graph = CAPTURE.get()
     if graph is not None:
         return graph.kernel(machine, run)

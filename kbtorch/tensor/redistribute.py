@@ -26,7 +26,7 @@ import torch
 from ..ops.collective import collective, concurrent_run
 from ..profiler import record
 from .dispatch import root
-from .kernels import CAPTURE, Timed, dtype_of
+from .kernels import CAPTURE, Timed, dtype_of, tracing
 from .placement import Partial, Replicate, Shard, Spec
 
 
@@ -96,7 +96,9 @@ def redistribute(x, placements):
         what = (f"redistribute {old!r}->{new!r}", (tuple(x.shape),), f"{kind} {algo} x{len(lines)}")
         detail = f"mesh dim {dim}, {n} PEs per group"
         graph = CAPTURE.get()
-        if graph is not None:
+        if tracing():
+            pass
+        elif graph is not None:
             graph.kernel(spec.mesh.machine, Timed(*what, result, 0, detail))
         else:
             record(*what, latency, bytes=elems * eb * len(lines), detail=detail)
