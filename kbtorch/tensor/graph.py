@@ -79,6 +79,8 @@ class Kernel:
     timed: Timed
     node: int
     deps: frozenset
+    reads: frozenset = frozenset()      # buffers (ids of roots) its node reads, for its node's first kernel
+    writes: frozenset = frozenset()     # buffers its node writes, for its node's last kernel
 
     @property
     def programs(self) -> dict:
@@ -119,6 +121,9 @@ class Graph:
         self._slots: dict = {}        # id(tensor) -> Slot
         self._keep: list = []         # tensors made inside (alive while capturing: ids stay theirs)
         self._live: dict = {}         # slot index -> weakref of its tensor (outputs the program keeps)
+        self.readers: dict = {}       # id(root) -> kernels reading it (-1: an op without a kernel)
+        self._roots: dict = {}        # id(root) -> weakref of every buffer written
+        self.live_roots: set = set()  # buffers the program holds after capture (always written)
         self._token = None
 
     # -- capture -----------------------------------------------------------------------------
@@ -184,6 +189,13 @@ class Graph:
                                     *(self._readers.get(w, ()) for w in writes))
         mine = list(range(first, len(self.kernels)))
         node.kernels = mine
+        for r in reads:
+            self.readers.setdefault(r, set()).add(mine[0] if mine else -1)
+        for o in made + ([root(args[0])] if node.name.endswith("_") and args and is_ahbm(args[0]) else []):
+            self._roots.setdefault(id(o), weakref.ref(o))
+        if mine:
+            self.kernels[mine[0]].reads = frozenset(reads)
+            self.kernels[mine[-1]].writes = frozenset(writes)
         if not mine:
             for w in writes - reads:
                 self._writer[w] = before
@@ -201,6 +213,7 @@ class Graph:
         """Forget the tensors only the graph held: what stays alive is the program's."""
         self._keep.clear()
         self._slots.clear()
+        self.live_roots = {r for r, ref in self._roots.items() if ref() is not None}
         self._writer.clear()
         self._readers.clear()
 
