@@ -5,7 +5,7 @@ machine it models is ``kbtorch.current_machine()``, chosen with ``kbtorch.use``.
 """
 from .profiler import profile
 from .tensor.device import register as _register
-from .tensor.graph import Graph as graph
+from .tensor.graph import Graph as graph, graphed
 from . import compile as _compile
 from .tensor.placement import Mesh, Partial, Replicate, Shard
 from .tensor.tensor import distribute_tensor, timing_only
@@ -14,5 +14,5 @@ from .topology import current_machine, use
 _register()
 _compile.register()
 
-__all__ = ["graph", "Mesh", "Partial", "Replicate", "Shard", "current_machine", "distribute_tensor", "profile",
+__all__ = ["graph", "graphed", "Mesh", "Partial", "Replicate", "Shard", "current_machine", "distribute_tensor", "profile",
            "timing_only", "use"]

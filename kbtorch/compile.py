@@ -12,7 +12,8 @@ again).
 Graph breaks: code dynamo cannot trace runs eagerly between the compiled graphs (its ops
 go on the stream one by one); ``breaks()`` lists each break dynamo reported, with its
 reason and source line. A call with new shapes makes dynamo recompile: the backend says so
-(``compiled()`` lists every graph it compiled, with its input shapes).
+(``compiled()`` lists every graph it compiled, with its input shapes). Shapes are static:
+registering the backend turns dynamo's automatic dynamic shapes off.
 """
 from __future__ import annotations
 
@@ -97,6 +98,9 @@ def register() -> None:
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
     if "kbtorch" not in _BACKENDS:
         register_backend(name="kbtorch")(backend)
+        # NOTE: kernels are planned and simulated for concrete shapes: a new shape recompiles
+        # (dynamo would otherwise turn a changed size into a symbolic one on the second call).
+        torch._dynamo.config.automatic_dynamic_shapes = False
         # NOTE: dynamo's own graph-break records, taken at DEBUG and not printed again.
         breaks_log = logging.getLogger("torch._dynamo.symbolic_convert.__graph_breaks")
         breaks_log.setLevel(logging.DEBUG)
