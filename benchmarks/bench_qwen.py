@@ -1,6 +1,6 @@
 """Qwen2.5-7B on the "ahbm" device, timing-only: decode efficiency and simulator speed.
 
-- **(a) decode**, batch 1, KV cache L: the whole 28-layer model (``models.qwen2.Model``
+- **(a) decode**, batch 1, KV cache L: the whole 28-layer model (``kbtorch.models.qwen2.Model``
   built on the meta device, tensor-parallel over 256 PEs, one ``KVCache`` per layer) runs
   one new token, plus the final norm and the LM head; tokens/s and the fraction of the
   aggregate HBM bandwidth (weights, LM head and KV cache read once per token, over the
@@ -38,9 +38,9 @@ def decode_point(kv_len: int) -> dict:
     import torch
 
     import kbtorch
-    from models.qwen2 import QWEN2_5_7B as cfg
-    from models.qwen2 import KVCache, Model, tensor_parallel
-    from models.qwen2_run import lm_head_ns
+    from kbtorch.models.qwen2 import QWEN2_5_7B as cfg
+    from kbtorch.models.qwen2 import KVCache, Model, tensor_parallel
+    from kbtorch.models.qwen2_run import lm_head_ns
     t0 = time.perf_counter()
     with kbtorch.timing_only():
         with torch.device("meta"):

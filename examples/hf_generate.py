@@ -1,13 +1,13 @@
 """An unmodified Hugging Face causal LM on the "ahbm" device: ``model.generate()``, timed.
 
-The model is built from its config (``models/hf.py``: no download): full-size ones on the
+The model is built from its config (``kbtorch/models/hf.py``: no download): full-size ones on the
 meta device and run timing-only (no data, default), ``tiny`` ones with seeded random
 weights (``--check`` compares logits and greedy tokens with the same model on CPU). The
-weights are placed tensor-parallel over all PEs (``models.hf.place_tp``); the KV cache is
+weights are placed tensor-parallel over all PEs (``kbtorch.models.hf.place_tp``); the KV cache is
 the one the model uses: ``DynamicCache`` (``--cache dynamic``, Hugging Face's default: each
 step concatenates the whole cache) or ``StaticCache`` (``--cache static``: preallocated, each
 step writes its new keys and values in place). ``--kernels fused`` (default) runs the RMSNorm
-layers as one fused op each (``models.hf.fuse_norms``, as a serving stack's kernel does);
+layers as one fused op each (``kbtorch.models.hf.fuse_norms``, as a serving stack's kernel does);
 ``--kernels eager`` runs the layers' own op-by-op chain. Reported, as serving people look
 at it: time to first token (the prefill forward), time per output token (each decode
 step), tokens/s, the % of the HBM roofline per decode step (bytes read: weights + KV
@@ -25,15 +25,12 @@ import json
 import sys
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import kbtorch  # noqa: E402
-from kbtorch.profiler import clock_ns  # noqa: E402
-from models.hf import CONFIGS, build, fuse_norms, place_tp  # noqa: E402
+import kbtorch
+from kbtorch.tensor.stream import clock_ns
+from kbtorch.models.hf import CONFIGS, build, fuse_norms, place_tp
 
 TINY = {"tiny": "tiny-qwen2", "tiny-llama": "tiny-llama", "tiny-mistral": "tiny-mistral", "tiny-mixtral": "tiny-mixtral"}
 

@@ -14,7 +14,7 @@ estimates and left out of the summary. Simulated arithmetic intensity thus cover
 (ridge ~674): both the memory-bound side with the 50%-bandwidth crossing and the
 compute-bound side of each roofline.
 
-Every hardware number comes from the machines (topologies/maia200.toml, maia200_x8.toml);
+Every hardware number comes from the machines (kbtorch/topologies/maia200.toml, maia200_x8.toml);
 the paper's reported figures are in PAPER, for the comparison only. See docs/validation.md.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One Qwen2 decoder layer on the "ahbm" device: prefill or decode, profiled op by op.
 
-The layer is ``models.qwen2.DecoderLayer`` in plain torch, moved to ahbm with
+The layer is ``kbtorch.models.qwen2.DecoderLayer`` in plain torch, moved to ahbm with
 ``module.to("ahbm")`` and placed by ``--mapping``: ``tp`` (default for decode) is tensor
 parallelism over all 256 PEs (``tensor_parallel``: column-parallel q/k/v/gate/up,
 row-parallel o/down, the partial sums reduced when the residual add uses them); ``grid``
@@ -28,15 +28,12 @@ import json
 import sys
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import kbtorch  # noqa: E402
-from models.qwen2 import CONFIGS, KVCache, rotary, tensor_parallel  # noqa: E402
-from models.qwen2_run import build_layer, lm_head_ns, replicate, run_hf  # noqa: E402
+import kbtorch
+from kbtorch.models.qwen2 import CONFIGS, KVCache, rotary, tensor_parallel
+from kbtorch.models.qwen2_run import build_layer, lm_head_ns, replicate, run_hf
 
 
 def parse(argv):

@@ -16,7 +16,7 @@ SHOWN = ("latency_ns", "bottleneck", "pct_peak", "pct_bound", "error")
 def add_parser(sub, common) -> None:
     p = sub.add_parser("sweep", parents=[common], help="design-space sweep from a spec (needs the [sweep] extra)",
                        description=__doc__.split("\n")[0])
-    p.add_argument("spec", metavar="SPEC.toml", help="sweep spec (see docs/sweeps.md)")
+    p.add_argument("spec", metavar="SPEC.toml", help="sweep spec: a path, or a shipped study by name (gemm_composite, ...; see docs/sweeps.md)")
     p.add_argument("--workers", type=_positive_int, help="worker processes (default: one per core; 1: in process)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask scheduler (e.g. tcp://host:8786)")
     p.add_argument("--store", metavar="PATH", help="results database (default: SPEC.sqlite beside the spec)")

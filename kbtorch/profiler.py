@@ -1,82 +1,20 @@
 """Human-readable latency reports: attribution by component kind and the hops of a route.
 
 Kinds are the ``kind`` attributes of the topology's nodes and links (plus ``issue``, the
-control processor's command-issue cost); times are reported in ns. ``profile()`` records the
-ops run on the ahbm device (a table per op name, a Chrome/Perfetto trace).
-
-The stream: ops run in program order, each one's kernel launched on the simulator in turn,
-so the simulated clock advances op by op; ``record`` leaves an ``OpRecord`` for every open
-profiler. The clock and the open profilers are context-local (``contextvars``): threads
-and async tasks each have their own.
+control processor's command-issue cost; friendly names in ``kbtorch.topology.kinds``); times
+are reported in ns. ``profile()`` listens to the ahbm device's stream
+(``kbtorch.tensor.stream``): a table per op name, a Chrome/Perfetto trace.
 """
 from __future__ import annotations
 
 import json
 from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass, field
 
 from tabulate import tabulate
 
-#: Friendly names of node and link kinds; an unknown kind is shown as itself.
-KIND_NAMES = {
-    "issue": "command issue", "cpu": "control processor", "scheduler": "PE scheduler",
-    "dma": "DMA engine", "noc": "NoC link", "router": "NoC router", "ucie": "UCIe link",
-    "ucie_phy": "UCIe PHY", "pcie": "PCIe link", "pcie_ep": "PCIe endpoint",
-    "hbm": "HBM channel", "hbm_ctrl": "HBM controller", "hbm_port": "HBM port link",
-    "tcm": "TCM", "gemm": "GEMM engine", "math": "vector math engine", "ipcq": "IPCQ",
-    "sram": "SRAM channel", "sram_port": "SRAM port link", "ctrl": "control link",
-}
-
-
-@dataclass(frozen=True)
-class OpRecord:
-    """One op on the ahbm device: what ran, when (simulated ns) and what it cost."""
-
-    name: str
-    shapes: tuple
-    kernel: str
-    start_ns: float
-    latency_ns: float
-    flops: int = 0
-    bytes: int = 0
-    bottleneck: str = ""
-    detail: str = ""
-    usage: tuple = ()
-    timeline: dict | None = field(default=None, compare=False, repr=False)
-    parts: tuple = field(default=(), compare=False, repr=False)     # a graph's kernels (start_ns: from its start)
-
-    @property
-    def tflops(self) -> float:
-        return self.flops / self.latency_ns / 1000 if self.latency_ns else 0.0
-
-    @property
-    def gbps(self) -> float:
-        return self.bytes / self.latency_ns if self.latency_ns else 0.0
-
-
-# NOTE: immutable values in the context variables (a float, a tuple): a task that copies the
-# context advances its own clock and never another's.
-_CLOCK_NS: ContextVar = ContextVar("kbtorch_clock_ns", default=0.0)
-_LISTENERS: ContextVar = ContextVar("kbtorch_profiles", default=())
-
-
-def clock_ns() -> float:
-    """The stream's simulated clock (ns) in this context."""
-    return _CLOCK_NS.get()
-
-
-def record(name: str, shapes: tuple, kernel: str, latency_ns: float, **kw) -> OpRecord:
-    """Put an op on this context's stream: it starts at the clock, which it advances."""
-    rec = OpRecord(name, shapes, kernel, _CLOCK_NS.get(), latency_ns, **kw)
-    _CLOCK_NS.set(rec.start_ns + latency_ns)
-    for listener in _LISTENERS.get():
-        listener.append(rec)
-    return rec
-
-
-def kind_name(kind: str) -> str:
-    return KIND_NAMES.get(kind, kind)
+from .ops.contract import tflops
+from .tensor.stream import listen
+from .topology.kinds import kind_name
 
 
 def breakdown_ns(result) -> dict[str, float]:
@@ -193,7 +131,7 @@ class KeyAverages:
         for name, rs in groups.items():
             ns = sum(r.latency_ns for r in rs)
             self.rows.append({"name": name, "calls": len(rs), "latency_ns": ns, "avg_ns": ns / len(rs),
-                              "pct": 100 * ns / total, "tflops": sum(r.flops for r in rs) / ns / 1000 if ns else 0.0,
+                              "pct": 100 * ns / total, "tflops": tflops(sum(r.flops for r in rs), ns),
                               "gbps": sum(r.bytes for r in rs) / ns if ns else 0.0, "kernel": rs[0].kernel,
                               "bottleneck": rs[-1].bottleneck})
 
@@ -210,8 +148,5 @@ def profile():
     """Record every op on the ahbm device while the block runs, in this context only:
     ``with kbtorch.profile() as prof``."""
     prof = Profile()
-    token = _LISTENERS.set(_LISTENERS.get() + (prof.records,))
-    try:
+    with listen(prof.records):
         yield prof
-    finally:
-        _LISTENERS.reset(token)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import kbtorch
-from kbtorch.profiler import clock_ns
+from kbtorch.tensor.stream import clock_ns
 
 
 def test_a_tensor_remembers_its_machine_and_two_machines_do_not_mix(tiny):

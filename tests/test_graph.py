@@ -120,7 +120,7 @@ def test_two_graphs_cannot_nest(small):
 @pytest.mark.parametrize("batch", [1, 4])
 def test_hf_model_forward_and_generate_in_graph_mode(batch):
     pytest.importorskip("transformers")
-    from models.hf import build
+    from kbtorch.models.hf import build
     model, ref = build("tiny-qwen2")
     ids = torch.randint(2, 128, (batch, 6), generator=torch.Generator().manual_seed(batch))
     mask = torch.ones_like(ids)

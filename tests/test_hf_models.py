@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from models.hf import build  # noqa: E402
+from kbtorch.models.hf import build  # noqa: E402
 
 MODELS = ("tiny-qwen2", "tiny-llama", "tiny-mistral", "tiny-mixtral")
 
@@ -37,7 +37,7 @@ def test_forward_and_generate_match_cpu(name, batch):
 @pytest.mark.parametrize("name", MODELS)
 def test_fused_norms_are_one_op_with_the_eager_values(name):
     import kbtorch
-    from models.hf import fuse_norms
+    from kbtorch.models.hf import fuse_norms
     model, ref = build(name)
     assert fuse_norms(model) == 2 * model.config.num_hidden_layers + 1
     ids, mask = _prompt(2)

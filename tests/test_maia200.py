@@ -1,4 +1,4 @@
-"""Maia 200 from topology files alone: the chip (topologies/maia200.toml) and eight chips in
+"""Maia 200 from topology files alone: the chip (kbtorch/topologies/maia200.toml) and eight chips in
 two trays (maia200_x8.toml); peaks as the paper states, GEMM in bf16 and fp8 with bf16 out,
 an all-gather between chips, and the kernel launch that the [launch] section models."""
 import ast

@@ -1,8 +1,8 @@
-"""The plain-torch Qwen2 decoder (models/qwen2.py) on CPU and on the ahbm device."""
+"""The plain-torch Qwen2 decoder (kbtorch/models/qwen2.py) on CPU and on the ahbm device."""
 import torch
 
 import kbtorch
-from models.qwen2 import QWEN2_5_7B, TINY, DecoderLayer, Model, rotary
+from kbtorch.models.qwen2 import QWEN2_5_7B, TINY, DecoderLayer, Model, rotary
 
 
 def _close(a, b, atol=2e-2):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kbtorch
-from models.qwen2 import TINY, DecoderLayer, tensor_parallel
+from kbtorch.models.qwen2 import TINY, DecoderLayer, tensor_parallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import qwen_layer  # noqa: E402

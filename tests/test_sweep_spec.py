@@ -81,3 +81,20 @@ def test_one_at_a_time(tmp_path):
     assert shown == [{"links.noc.bw_gbps": 256, "issue.fixed_cycles": 1.0}, {"links.noc.bw_gbps": 128, "issue.fixed_cycles": 1.0},
                      {"links.noc.bw_gbps": 512, "issue.fixed_cycles": 1.0}, {"links.noc.bw_gbps": 256, "issue.fixed_cycles": 0.5},
                      {"links.noc.bw_gbps": 256, "issue.fixed_cycles": 2.0}]
+
+
+def test_a_shipped_study_by_name_and_its_store_in_the_working_directory(tmp_path, monkeypatch):
+    from kbtorch.sweep.runner import default_store
+    from kbtorch.sweep.spec import STUDY_DIR
+    spec = load_spec("gemm_composite")
+    assert Path(spec.path) == STUDY_DIR / "gemm_composite.toml" and spec.name == "gemm_composite"
+    monkeypatch.chdir(tmp_path)
+    assert default_store(spec) == str(tmp_path / "gemm_composite.sqlite")
+    assert default_store(load_spec(_spec(tmp_path, GEMM))) == str(tmp_path / "study.sqlite")
+    with pytest.raises(SpecError, match=r"no_such_study: file: no such spec file nor shipped study \(shipped: .*gemm_composite"):
+        load_spec("no_such_study")
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).parents[1] / "kbtorch" / "studies").glob("*.toml")))
+def test_every_shipped_study_loads(name):
+    assert load_spec(name).points

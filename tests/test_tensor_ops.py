@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import kbtorch
 from kbtorch.tensor import AhbmTensor, Replicate, Shard
-from kbtorch.profiler import clock_ns
+from kbtorch.tensor.stream import clock_ns
 
 TOL = {torch.float16: 2e-2, torch.bfloat16: 1e-1, torch.float32: 1e-4}
 

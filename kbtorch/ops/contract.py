@@ -15,8 +15,8 @@ import torch
 from ..sim.simulator import RunResult
 from ..topology import as_machine
 
-__all__ = ["DType", "DTYPES", "dtype_of", "as_machine", "memory_bytes", "OpRun", "Param", "OpFamily", "register", "family",
-           "families"]
+__all__ = ["DType", "DTYPES", "dtype_of", "as_machine", "memory_bytes", "bottleneck", "tflops", "OpRun", "Param",
+           "OpFamily", "register", "family", "families"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,17 @@ def memory_bytes(machine, result: RunResult, kind: str | None = "hbm") -> int:
                if kind is None or g.nodes[n]["kind"] == kind)
 
 
+def bottleneck(result: RunResult) -> str:
+    """The component kind holding most of a run's latency ("" for an empty run)."""
+    parts = result.breakdown()
+    return max(parts, key=lambda k: (parts[k], k)) if parts else ""
+
+
+def tflops(flops: int, latency_ns: float) -> float:
+    """TFLOP/s of ``flops`` done in ``latency_ns`` (0 for no time)."""
+    return flops / latency_ns / 1000 if latency_ns else 0.0
+
+
 @dataclass(kw_only=True)
 class OpRun:
     """One simulated op: its latency and where it went, work done, and the models beside it.
@@ -87,8 +98,7 @@ class OpRun:
     @property
     def bottleneck(self) -> str:
         """The component kind holding most of the latency."""
-        parts = self.breakdown()
-        return max(parts, key=lambda k: (parts[k], k)) if parts else ""
+        return bottleneck(self.result)
 
     def mem_bytes(self, kind: str | None = "hbm") -> int:
         """Bytes the memories of ``kind`` (None: every memory) served, from their burst counts."""
@@ -100,7 +110,7 @@ class OpRun:
 
     @property
     def tflops(self) -> float:
-        return self.flops / self.latency_ns / 1000 if self.latency_ns else 0.0
+        return tflops(self.flops, self.latency_ns)
 
     @property
     def peak_tflops(self) -> float:

@@ -17,7 +17,7 @@ import torch
 from .. import limits
 from ..kernel import launch
 from ..sim.simulator import RunResult
-from .contract import DTYPES, OpFamily, OpRun, Param, as_machine, dtype_of, register
+from .contract import DTYPES, OpFamily, OpRun, Param, as_machine, dtype_of, register, tflops
 from .gemm_kernel import gemm_kernel
 from .gemm_model import GemmEstimate, candidates, estimate
 from .gemm_plan import GemmTiling, check_shape, output_tiles, plan, steps
@@ -47,7 +47,7 @@ class GemmRun(OpRun):
 
     @property
     def analytic_pct_peak(self) -> float:
-        return 100 * self.flops / self.analytic.ns / 1000 / self.peak_tflops
+        return 100 * tflops(self.flops, self.analytic.ns) / self.peak_tflops
 
 
 def simulate(machine, m, n, k, dtype, pes, tiling, composite=True, mode="fast", trace=False,

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .spec import Spec, load_spec
+from .spec import STUDY_DIR, Spec, load_spec
 from .store import Store, point_key
 from .workloads import add_paths, run_point
 
@@ -43,8 +43,12 @@ class SweepResult:
 
 
 def default_store(spec: Spec) -> str:
-    """``study.toml`` -> ``study.sqlite`` beside it."""
-    return str(Path(spec.path).with_suffix(".sqlite"))
+    """``study.toml`` -> ``study.sqlite`` beside it; a shipped study's in the working directory
+    (NOTE: never inside the installed package)."""
+    path = Path(spec.path)
+    if path.resolve().parent == STUDY_DIR.resolve():
+        return str(Path.cwd() / path.with_suffix(".sqlite").name)
+    return str(path.with_suffix(".sqlite"))
 
 
 def _cell(value):

@@ -19,6 +19,7 @@ rest at base), or the explicit ``[[points]]`` (``workload = NAME`` plus axis val
 from __future__ import annotations
 
 import copy
+import importlib.resources
 import itertools
 import os
 import tomllib
@@ -32,10 +33,12 @@ from ..topology.overrides import apply_overrides
 from ..topology.validate import validate
 from .workloads import parse_workload
 
-__all__ = ["SpecError", "Axis", "Point", "Spec", "load_spec", "base_value", "COMBINE"]
+__all__ = ["SpecError", "Axis", "Point", "Spec", "load_spec", "study_path", "base_value", "COMBINE", "STUDY_DIR"]
 
 #: How axes combine: every combination, or one axis away from the base at a time.
 COMBINE = ("product", "one_at_a_time")
+#: The shipped studies: package data (kbtorch/studies/*.toml), run by name from any directory.
+STUDY_DIR = Path(str(importlib.resources.files("kbtorch") / "studies"))
 
 
 class SpecError(ValueError):
@@ -102,9 +105,22 @@ def base_value(axis: Axis, topology: str):
     return value if value in axis.values else axis.values[0]
 
 
+def study_path(name_or_path) -> str:
+    """A shipped study by name (``gemm_composite``: ``STUDY_DIR/gemm_composite.toml``), or a path."""
+    text = os.fspath(name_or_path)
+    if text.endswith(".toml") or os.sep in text:
+        return text
+    candidate = STUDY_DIR / f"{text}.toml"
+    if not candidate.exists():
+        known = ", ".join(sorted(p.stem for p in STUDY_DIR.glob("*.toml")))
+        raise SpecError(text, "file", f"no such spec file nor shipped study (shipped: {known})")
+    return str(candidate)
+
+
 def load_spec(path) -> Spec:
-    """Read and validate a sweep spec (SpecError names the file and the field)."""
-    path = os.fspath(path)
+    """Read and validate a sweep spec, a path or a shipped study's name (SpecError names the
+    file and the field)."""
+    path = study_path(path)
     try:
         with open(path, "rb") as fh:
             doc = tomllib.load(fh)

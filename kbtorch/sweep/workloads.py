@@ -21,7 +21,7 @@ from ..units import parse_bytes, parse_pes
 __all__ = ["Workload", "parse_workload", "add_paths", "run_point", "measure", "BUILTIN"]
 
 #: Workloads by name that live outside kbtorch (the repository's models, on sys.path).
-BUILTIN = {"qwen_layer": "models.qwen2_sweep:layer"}
+BUILTIN = {"qwen_layer": "kbtorch.models.qwen2_sweep:layer"}
 _SINGLE_LIST = ("pes", "shape")
 
 

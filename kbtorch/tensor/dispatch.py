@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .kernels import CAPTURE, record
 from .placement import Spec, default_spec
+from .stream import CAPTURE, record_run
 
 DEVICE = "ahbm"
 HANDLERS: dict = {}
@@ -154,7 +154,7 @@ def dispatch(cls, func, args, kwargs):
     if not isinstance(out, Out):
         return out
     for run in out.runs:
-        record(machine, run)
+        record_run(machine, run)
     if isinstance(out.value, torch.Tensor):
         return _wrap(cls, out.value, out, machine)
     return tree_map(lambda v: _wrap(cls, v, out, machine), out.value)

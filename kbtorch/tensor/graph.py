@@ -33,11 +33,13 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .. import profiler
-from ..ops.contract import memory_bytes
+from ..ops.contract import bottleneck, memory_bytes
 from ..topology import current_machine
+from ..topology.kinds import kind_name
+from . import stream
 from .dispatch import dispatch, is_ahbm, root
-from .kernels import CAPTURE, Timed, bottleneck
+from .kernels import Timed
+from .stream import CAPTURE
 from .tensor import AhbmTensor
 from . import fusion, scheduler
 
@@ -285,12 +287,12 @@ def _record(graph: Graph, machine, plan, sched) -> None:
     for k, (kern, ready, finish) in enumerate(zip(plan.kernels, sched.ready_ps, sched.finish_ps)):
         pes = sorted(pe for pe, cmds in kern.programs.items() if cmds)
         detail = f"PEs {pes[0]}-{pes[-1]} ({len(pes)})" if pes else "no PEs"
-        parts.append(profiler.OpRecord(kern.name, kern.shapes, kern.kernel, ready / 1000, (finish - ready) / 1000,
+        parts.append(stream.OpRecord(kern.name, kern.shapes, kern.kernel, ready / 1000, (finish - ready) / 1000,
                                        flops=kern.flops, detail=f"{detail}; {kern.detail}".rstrip("; ")))
     r = sched.result
-    profiler.record(graph.name, (), f"graph of {len(plan.kernels)} kernels", r.latency_ns,
+    stream.record(graph.name, (), f"graph of {len(plan.kernels)} kernels", r.latency_ns,
                     flops=sum(k.flops for k in plan.kernels), bytes=memory_bytes(machine, r, None),
-                    bottleneck=bottleneck(r), detail=f"{len(graph.nodes)} ops, {len(graph.kernels)} kernels before "
+                    bottleneck=kind_name(bottleneck(r)), detail=f"{len(graph.nodes)} ops, {len(graph.kernels)} kernels before "
                     f"fusion, {sched.commands} commands, one launch", parts=tuple(parts))
 
 

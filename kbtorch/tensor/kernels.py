@@ -1,18 +1,17 @@
-"""Shared helpers of the op handlers: dtypes, the vector kernel, timed runs and recording.
+"""Shared helpers of the op handlers: dtypes, the vector kernel and timed runs (which the
+dispatcher records on the stream, ``stream.record_run``).
 
 Every kernel runs on the machine of the op's tensors (passed in); caches are keyed on it.
 """
 from __future__ import annotations
 
-from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
-from ..ops.contract import dtype_of as contract_dtype, memory_bytes
+from ..ops.contract import dtype_of
 from ..ops.elementwise import elementwise
-from ..profiler import kind_name, record as stream_record
 from .placement import Shard, Spec, flat_mesh
 
 
@@ -90,7 +89,7 @@ def on(like, placement) -> Spec:
 INTEGERS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 
 
-def dtype_of(op: str, t: torch.Tensor) -> tuple[str, int]:
+def kernel_dtype(t: torch.Tensor, op: str) -> tuple[str, int]:
     """(rate name, bytes per element) of a tensor's dtype for the kernels: f16, bf16, fp32;
     integer, bool and float64 tensors run at the machine's fp32 rate with their own
     element size.
@@ -102,62 +101,5 @@ def dtype_of(op: str, t: torch.Tensor) -> tuple[str, int]:
     if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise NotImplementedError(f"kbtorch: {op} on ahbm tensors of dtype {t.dtype} is not supported "
                                   f"(f16, bf16, fp32, float64, int64, int32, int16, int8, uint8, bool)")
-    d = contract_dtype(t.dtype, op)
+    d = dtype_of(t.dtype, op)
     return d.name, d.bytes
-
-
-def bottleneck(result) -> str:
-    """The component kind holding most of a run's latency."""
-    parts = result.breakdown()
-    return kind_name(max(parts, key=lambda k: (parts[k], k))) if parts else ""
-
-
-def usage(result) -> tuple:
-    """(track, busy fraction) of a run: each engine role (mean over the PEs that used it)
-    and each link kind (its busiest link), over the run's latency."""
-    span = result.latency_ps or 1
-    pes = max(1, len(result.pe_finish_ps))
-    out = [(f"engine {role}", e["busy_ps"] / span / pes) for role, e in sorted(result.stats["engines"].items())]
-    out += [(f"links {kind}", link["max_busy_ps"] / span) for kind, link in sorted(result.stats["links"].items())]
-    return tuple((track, round(min(1.0, f), 4)) for track, f in out)
-
-
-_SUMMARIES: dict = {}
-SUMMARIES_MAX = 4096
-
-
-def _summary(machine, r) -> tuple:
-    """(bytes, bottleneck, usage) of a run, computed once per run object.
-
-    NOTE: cached kernels hand out the same run for every op of a shape, and these walk every
-    memory and the attribution chain; the entry keeps its run, so an id is never reused."""
-    got = _SUMMARIES.get(id(r))
-    if got is None or got[0] is not r:
-        got = _SUMMARIES[id(r)] = (r, (memory_bytes(machine, r, None), bottleneck(r), usage(r)))
-        if len(_SUMMARIES) > SUMMARIES_MAX:
-            del _SUMMARIES[next(iter(_SUMMARIES))]
-    return got[1]
-
-
-def tracing() -> bool:
-    """Whether torch.compile is tracing (its fake values run through the handlers to learn
-    the results' shapes): nothing runs on the device then, nothing is recorded."""
-    return torch._guards.TracingContext.try_get() is not None
-
-
-#: The graph being captured in this context (``tensor.graph``), or None: the stream.
-CAPTURE: ContextVar = ContextVar("kbtorch_capture", default=None)
-
-
-def record(machine, run: Timed):
-    """Put a timed kernel on the stream (``profiler.record``), or into the graph being
-    captured (``tensor.graph``), which times it later beside the others."""
-    if tracing():
-        return None
-    graph = CAPTURE.get()
-    if graph is not None:
-        return graph.kernel(machine, run)
-    r = run.result
-    nbytes, neck, use = _summary(machine, r)
-    return stream_record(run.name, run.shapes, run.kernel, r.latency_ns, flops=run.flops, bytes=nbytes,
-                         bottleneck=neck, detail=run.detail, usage=use, timeline=r.timeline or None)

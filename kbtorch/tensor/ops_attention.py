@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ..ops.attention import attention
 from .dispatch import Out, host_call, register, same_device, value_of
-from .kernels import dtype_of, mesh_pes, timed, vector
+from .kernels import kernel_dtype, mesh_pes, timed, vector
 from .ops_matmul import timed_mm
 from .placement import Shard
 
@@ -43,7 +43,7 @@ def sdpa(func, args, kwargs, machine):
     q, k, v = call["query"], call["key"], call["value"]
     same_device("scaled_dot_product_attention", [q, k, v] + [m for m in (call.get("attn_mask"),) if m is not None])
     out = host_call(F.scaled_dot_product_attention, args, kwargs)
-    dtype, eb = dtype_of("scaled_dot_product_attention", value_of(q))
+    dtype, eb = kernel_dtype(value_of(q), "scaled_dot_product_attention")
     mask = call.get("attn_mask")
     if call.get("dropout_p", 0.0) or q.dim() not in (3, 4):
         return Out(out, runs=_fallback(machine, q, k, v, dtype, eb))
@@ -60,7 +60,7 @@ def sdpa(func, args, kwargs, machine):
 
 def _mask_pass(machine, q, mask):
     """The mask's pass: a ``select`` over its elements, split over the PEs of ``q``'s mesh."""
-    dtype, eb = dtype_of("scaled_dot_product_attention", value_of(mask))
+    dtype, eb = kernel_dtype(value_of(mask), "scaled_dot_product_attention")
     n = mask.numel()
     run = vector(machine, "select", n, placed=Shard(0), pes=mesh_pes(q), shape=(n,), inputs=1, dtype=dtype,
                  elem_bytes=eb)

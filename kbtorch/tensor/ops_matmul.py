@@ -29,7 +29,7 @@ from ..ops.gemm_model import candidates
 from ..ops.gemm_plan import Block as GemmShard
 from ..ops.gemm_plan import split
 from .dispatch import Out, refuse, register, same_device, value_of
-from .kernels import dtype_of, on, timed, vector
+from .kernels import kernel_dtype, on, timed, vector
 from .placement import Partial, Replicate, Shard, default_spec
 from .sharding import flat, placement, settle_partial
 
@@ -125,7 +125,7 @@ def bias_run(machine, op: str, args, kwargs, spec, shape: tuple, dtype: str, eb:
 def _matmul(machine, op: str, a, b):
     """Time ``a @ b`` by the placement rules; -> (result placement (None: default), run)."""
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
-    dtype, _ = dtype_of(op, value_of(a))
+    dtype, _ = kernel_dtype(value_of(a), op)
     pb = placement(b)
     if isinstance(pb, Shard) and hasattr(a, "_spec"):
         a, b = flat(a), flat(b)
@@ -168,7 +168,7 @@ def mv(func, args, kwargs, machine):
     out = _product(a.reshape(m, -1), v.reshape(-1, 1)).reshape((m,) if a.dim() == 2 else ())
     if not out.numel() or not v.shape[0]:
         return Out(out)
-    dtype, _ = dtype_of(name, a)
+    dtype, _ = kernel_dtype(a, name)
     return Out(out, runs=(timed_mm(machine, f"aten::{name}", args, m, 1, v.shape[0], dtype),))
 
 
@@ -187,7 +187,7 @@ def addmm(func, args, kwargs, machine):
     out = _scaled(_product_acc(a, b), bias, kwargs, a.dtype)
     if not out.numel():
         return Out(out)
-    dtype, eb = dtype_of("addmm", a)
+    dtype, eb = kernel_dtype(a, "addmm")
     runs, placed = [], None
     if a.shape[1]:
         placed, run = _matmul(machine, "aten::addmm", args[1], args[2])
@@ -218,7 +218,7 @@ def bmm(func, args, kwargs, machine):
     out = _scaled(acc, value_of(args[0]), kwargs, a.dtype) if name == "baddbmm" else acc.to(a.dtype)
     if not out.numel():
         return Out(out)
-    dtype, eb = dtype_of(name, a)
+    dtype, eb = kernel_dtype(a, name)
     runs = tuple(timed_mm(machine, f"aten::{name}", args, a.shape[1], b.shape[2], a.shape[2], dtype)
                  for _ in range(a.shape[0] if a.shape[2] else 0))
     if name == "baddbmm":

@@ -9,7 +9,7 @@ host values (broadcasting, type promotion and every keyword argument as torch ha
 ``out=`` is refused). Timing: one pass with one input per ahbm tensor argument over each
 PE's part of the output (its shard, or all of it when the result is replicated);
 placements follow ``sharding.elementwise_inputs``. Integer and bool tensors run at the
-machine's fp32 rate with their own element size (``kernels.dtype_of``).
+machine's fp32 rate with their own element size (``kernels.kernel_dtype``).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .dispatch import Out, host_call, is_ahbm, refuse, register, same_device
-from .kernels import dtype_of, mesh_pes, on, timed, vector
+from .kernels import kernel_dtype, mesh_pes, on, timed, vector
 from .sharding import elementwise_inputs, placement
 
 aten = torch.ops.aten
@@ -79,12 +79,12 @@ def pointwise_run(machine, name: str, cls: str, tensors: list, out: torch.Tensor
         tensors, placed = elementwise_inputs(tensors, tuple(out.shape))
     if not out.numel():
         return placed, None
-    dtype, eb = dtype_of(name, out)
+    dtype, eb = kernel_dtype(out, name)
     widest = max((t for t in tensors if t.numel()), key=lambda t: t.element_size(), default=None)
     if widest is not None and widest.element_size() > eb:
         eb = widest.element_size()
         if not out.is_floating_point():
-            dtype = dtype_of(name, widest)[0]
+            dtype = kernel_dtype(widest, name)[0]
     run = vector(machine, cls, out.numel(), placed=placed, pes=mesh_pes(tensors[0]), shape=tuple(out.shape),
                  inputs=len(tensors) or 1, dtype=dtype, elem_bytes=eb, out_ratio=out.element_size() / eb)
     flops = machine.math_flops(cls) * out.numel()

@@ -24,10 +24,10 @@ from math import prod
 import torch
 
 from ..ops.collective import collective, concurrent_run
-from ..profiler import record
 from .dispatch import root
-from .kernels import CAPTURE, Timed, dtype_of, tracing
+from .kernels import Timed, kernel_dtype
 from .placement import Partial, Replicate, Shard, Spec
+from .stream import CAPTURE, record, tracing
 
 
 def _lines(mesh, dim: int) -> list[tuple]:
@@ -84,7 +84,7 @@ def redistribute(x, placements):
     base = root(x)
     if everywhere and getattr(base, "_replicated", None) == spec.mesh:
         return wrap(x._value, spec, owns=False)
-    name, eb = dtype_of("redistribute", x._value)
+    name, eb = kernel_dtype(x._value, "redistribute")
     for dim, (old, new) in enumerate(zip(x._spec.placements, spec.placements)):
         kind = _kind(old, new)
         if kind is None:

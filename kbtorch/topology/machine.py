@@ -8,6 +8,7 @@ Time in the simulator is integer picoseconds. Each link carries ``bw_gbps`` and
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,9 @@ from .routing import Router
 
 #: Engines every PE block must define (the tile-kernel API's model of a PE).
 PE_ROLES = ("cp", "sched", "dma_rd", "dma_wr", "gemm", "math", "tcm", "ipcq")
-TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topologies"
+#: The shipped topologies: package data (kbtorch/topologies/*.toml), found in a checkout and in
+#: an installed wheel alike.
+TOPOLOGY_DIR = Path(str(importlib.resources.files("kbtorch") / "topologies"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -193,7 +196,7 @@ class Machine(MachineFacts):
 
 
 def topology_path(name_or_path: str) -> str:
-    """A name (``ahbm``) found in KBTORCH_TOPOLOGIES or the shipped topologies/, or a path."""
+    """A name (``ahbm``) found in KBTORCH_TOPOLOGIES or the shipped topologies (``TOPOLOGY_DIR``), or a path."""
     if name_or_path.endswith(".toml") or os.sep in name_or_path:
         return name_or_path
     dirs = [d for d in os.environ.get("KBTORCH_TOPOLOGIES", "").split(os.pathsep) if d] + [str(TOPOLOGY_DIR)]

@@ -5,7 +5,7 @@ Mixtral-8x7B mixture of experts) and ``tiny`` ones of the same families (2 layer
 widths) for numerics. ``build`` makes the model: tiny ones with seeded random weights (and
 a CPU copy to check against), full-size ones on the meta device for timing-only runs (no
 weight is ever materialised). ``place_tp`` places a model on ahbm as
-``models.qwen2.tensor_parallel`` does a decoder layer (column-parallel q/k/v/gate/up,
+``kbtorch.models.qwen2.tensor_parallel`` does a decoder layer (column-parallel q/k/v/gate/up,
 row-parallel o/down), everything else by default (the embedding and the LM head sharded
 on the vocabulary). ``fuse_norms`` runs the model's RMSNorm layers as torch's fused
 ``rms_norm``, as a serving stack's kernel does. Needs the optional extra ``hf`` (transformers).
