@@ -139,3 +139,21 @@ def test_hf_model_forward_and_generate_in_graph_mode(batch):
     torch.testing.assert_close(got.cpu()[mask.bool()], want[mask.bool()], rtol=1e-4, atol=1e-4)
     assert torch.equal(tokens, expect)
     assert model.forward.graphs["calls"] == 3
+
+
+def test_a_periodic_graph_is_simulated_in_part_at_its_steady_state(small):
+    ws = [torch.randn(32, 32).to("ahbm") for _ in range(2)]
+    x = torch.randn(8, 32).to("ahbm")
+
+    def layers(x):
+        for _ in range(8):
+            x = torch.nn.functional.silu(x @ ws[0]) @ ws[1] + x
+        return x
+    with kbtorch.graph(periodic=False) as exact:
+        want = layers(x)
+    with kbtorch.graph() as short:
+        got = layers(x)
+    assert torch.equal(got.cpu(), want.cpu())
+    assert getattr(short.schedule.result, "extrapolated", None) is not None
+    assert len(short.schedule.finish_ps) == len(exact.schedule.finish_ps)
+    assert short.latency_ns == pytest.approx(exact.latency_ns, rel=0.02)

@@ -257,3 +257,18 @@ def report(graph) -> str:
         span = f"{sched.ready_ps[i] / 1000:9.1f} -> {sched.finish_ps[i] / 1000:9.1f} ns"
         lines.append(f"#{i:<4} {span}  {k.kernel:<28} <- {', '.join(ops)}")
     return "\n".join(lines)
+
+
+#: Dependencies further back than this are named by index (a model's shared inputs, made
+#: once before its layers), nearer ones by distance (within a layer and its neighbours).
+NEAR = 64
+
+
+def signatures(graph, plan: Plan) -> list:
+    """Per planned kernel, what it runs (its members' runs) and on what it depends: equal
+    signatures in a repeating run mark a model's layers (``scheduler.period``)."""
+    out = []
+    for i, k in enumerate(plan.kernels):
+        deps = tuple(sorted(("near", i - d) if i - d <= NEAR else ("far", d) for d in k.deps))
+        out.append((tuple(id(graph.kernels[m].timed.result) for m in k.members), k.kernel, deps))
+    return out

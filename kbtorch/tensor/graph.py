@@ -111,8 +111,10 @@ class Graph:
     """A captured graph (see the module docstring): ``nodes``, ``kernels``, and once timed,
     ``plan`` (the fused kernels and their schedule), ``latency_ns`` and ``report()``."""
 
-    def __init__(self, machine=None, *, fuse: bool = True, mode: str = "fast", name: str = "graph"):
+    def __init__(self, machine=None, *, fuse: bool = True, mode: str = "auto", name: str = "graph",
+                 periodic: bool = True):
         self.machine, self.fuse, self.mode, self.name = machine, fuse, mode, name
+        self.periodic = periodic
         self.nodes: list[Node] = []
         self.kernels: list[Kernel] = []
         self.depth = 0
@@ -231,12 +233,14 @@ class Graph:
             return
         machine = self.machine or current_machine()
         plan = fusion.plan(self) if self.fuse else fusion.unfused(self)
-        key = (id(machine), self.mode, plan.key)
+        key = (id(machine), self.mode, self.periodic, plan.key)
         got = _CACHE.get(key)
         self.cached = got is not None
         if got is None:
-            sched = scheduler.simulate([k.programs for k in plan.kernels], [k.deps for k in plan.kernels], machine,
-                                       self.mode)
+            progs, deps = [k.programs for k in plan.kernels], [k.deps for k in plan.kernels]
+            per = scheduler.period(fusion.signatures(self, plan)) if self.periodic else None
+            sched = scheduler.simulate_periodic(progs, deps, machine, per, self.mode) if per else \
+                scheduler.simulate(progs, deps, machine, self.mode)
             got = _CACHE[key] = (plan, sched)
             if len(_CACHE) > CACHE_MAX:
                 del _CACHE[next(iter(_CACHE))]
@@ -290,10 +294,13 @@ def _record(graph: Graph, machine, plan, sched) -> None:
         parts.append(stream.OpRecord(kern.name, kern.shapes, kern.kernel, ready / 1000, (finish - ready) / 1000,
                                        flops=kern.flops, detail=f"{detail}; {kern.detail}".rstrip("; ")))
     r = sched.result
+    per = getattr(r, "extrapolated", None)
+    how = f", {per[0].count} repeats of {per[0].length} kernels: 3 simulated, the rest at their period " \
+          f"{per[1] / 1000:.1f} ns" if per else ""
     stream.record(graph.name, (), f"graph of {len(plan.kernels)} kernels", r.latency_ns,
                     flops=sum(k.flops for k in plan.kernels), bytes=memory_bytes(machine, r, None),
                     bottleneck=kind_name(bottleneck(r)), detail=f"{len(graph.nodes)} ops, {len(graph.kernels)} kernels before "
-                    f"fusion, {sched.commands} commands, one launch", parts=tuple(parts))
+                    f"fusion, {sched.commands} commands, one launch{how}", parts=tuple(parts))
 
 
 def graphed(fn, *, name: str | None = None, **options):

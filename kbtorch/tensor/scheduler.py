@@ -151,10 +151,17 @@ def build(kernels: list, deps: list, machine) -> tuple[dict, int]:
     return programs, sum(len(v) for v in programs.values())
 
 
-def simulate(kernels: list, deps: list, machine, mode: str = "fast") -> Scheduled:
+#: Above this many joined commands, ``mode="auto"`` simulates coarse (trains of up to 4096
+#: flits): a Qwen2.5-7B decode layer (22 k commands) runs 3.6x faster, 1% off fast.
+COARSE_COMMANDS = 5000
+
+
+def simulate(kernels: list, deps: list, machine, mode: str = "auto") -> Scheduled:
     """Build the joined programs and run them in one simulation (symmetry-reduced where the
     machine's units allow); -> ``Scheduled``."""
     programs, commands = build(kernels, deps, machine)
+    if mode == "auto":
+        mode = "coarse" if commands > COARSE_COMMANDS else "fast"
     red = symmetry.reduce(machine, programs)
     sim = Simulator(machine, mode=mode, weight=red.weight)
     result = red.expand(sim.run(red.programs), machine)
@@ -167,3 +174,78 @@ def simulate(kernels: list, deps: list, machine, mode: str = "fast") -> Schedule
     first = min((machine.launch_ps(pe) for pe in programs), default=0)
     ready = [max((finish[d] for d in deps[k]), default=first) for k in range(len(kernels))]
     return Scheduled(result, tuple(ready), tuple(finish), commands)
+
+
+#: Repeats of a periodic graph simulated in full (the rest follow at the measured period).
+REPEATS_SIMULATED = 3
+#: Fewest repeats for the periodic shortcut.
+REPEATS_MIN = 5
+
+
+@dataclass(frozen=True)
+class Period:
+    """A run of ``count`` identical blocks of ``length`` kernels from kernel ``start``."""
+
+    start: int
+    length: int
+    count: int
+
+
+def period(signatures: list) -> Period | None:
+    """The repeated block covering most kernels (a model's layers), or None.
+
+    ``signatures``: per kernel, what it runs and its dependencies (``graph``'s)."""
+    n, best = len(signatures), None
+    for p in range(1, n // REPEATS_MIN + 1):
+        i = 0
+        while i + p < n:
+            if signatures[i] != signatures[i + p]:
+                i += 1
+                continue
+            j = i
+            while j + p < n and signatures[j] == signatures[j + p]:
+                j += 1
+            count = (j - i) // p + 1
+            if count >= REPEATS_MIN and (best is None or count * p > best.count * best.length):
+                best = Period(i, p, count)
+            i = j + 1
+    return best
+
+
+def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str = "auto") -> Scheduled:
+    """A graph of ``per.count`` identical blocks: the prefix, ``REPEATS_SIMULATED`` blocks and
+    the suffix simulated together in ONE run; the other blocks follow at the period the run
+    measured between its last two blocks (their spans are the last block's, shifted).
+
+    NOTE: a steady state: block i+1 starts as block i drains, the same in every block once
+    the pipeline is full; the shortcut is exact when the simulated blocks already repeat."""
+    k = REPEATS_SIMULATED
+    cut, resume = per.start + k * per.length, per.start + per.count * per.length
+
+    keep = list(range(cut)) + list(range(resume, len(kernels)))
+    sub = [frozenset(_fold(d, per, cut, resume) for d in deps[i]) for i in keep]
+    run = simulate([kernels[i] for i in keep], sub, machine, mode)
+    last = range(per.start + (k - 1) * per.length, cut)
+    prev = range(per.start + (k - 2) * per.length, per.start + (k - 1) * per.length)
+    step = max(run.finish_ps[i] for i in last) - max(run.finish_ps[i] for i in prev)
+    extra = (per.count - k) * step
+    ready, finish = list(run.ready_ps[:cut]), list(run.finish_ps[:cut])
+    for b in range(k, per.count):
+        shift = (b - k + 1) * step
+        ready += [run.ready_ps[i] + shift for i in last]
+        finish += [run.finish_ps[i] + shift for i in last]
+    ready += [t + extra for t in run.ready_ps[cut:]]
+    finish += [t + extra for t in run.finish_ps[cut:]]
+    run.result.latency_ps += extra
+    run.result.extrapolated = (per, step)
+    return Scheduled(run.result, tuple(ready), tuple(finish), run.commands)
+
+
+def _fold(d: int, per: Period, cut: int, resume: int) -> int:
+    """Kernel ``d`` of the full graph as a kernel of the shortened one: a skipped block's
+    kernel as its counterpart in the last simulated block; the suffix moved up."""
+    if d < cut:
+        return d
+    if d >= resume:
+        return d - (resume - cut)
+    return cut - per.length + (d - per.start) % per.length
