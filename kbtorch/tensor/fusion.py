@@ -49,8 +49,17 @@ class Plan:
     keep: tuple         # the runs the key names by id (alive while the plan is cached)
 
 
-def _key(graph, fused: bool) -> tuple:
-    return (fused, tuple((id(k.timed.result), k.deps) for k in graph.kernels))
+def key(graph) -> tuple:
+    """What a graph's timing depends on: its kernels' runs (by id: the plan keeps them
+    alive), their dependencies, fusion on or off (``live`` buffers decide what is written)."""
+    return (graph.fuse, tuple((id(k.timed.result), k.deps) for k in graph.kernels), tuple(sorted(_escaping(graph))))
+
+
+def _escaping(graph) -> set:
+    """Kernels whose results the program holds after capture or an op without a kernel
+    reads (always written)."""
+    read_bare = {r for r, ks in graph.readers.items() if -1 in ks}
+    return {i for i, k in enumerate(graph.kernels) if k.writes & (graph.live_roots | read_bare)}
 
 
 def _planned(kernels, members: list, deps: frozenset, **kw) -> Planned:
@@ -83,7 +92,7 @@ def _assemble(graph, groups: list, make) -> Plan:
         for m in members:
             of[m] = len(out)
         out.append(_planned(graph.kernels, members, frozenset(deps), **fields))
-    return Plan(tuple(out), _key(graph, graph.fuse), tuple(k.timed.result for k in graph.kernels))
+    return Plan(tuple(out), key(graph), tuple(k.timed.result for k in graph.kernels))
 
 
 def unfused(graph) -> Plan:

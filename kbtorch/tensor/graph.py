@@ -232,11 +232,12 @@ class Graph:
         if not self.kernels:
             return
         machine = self.machine or current_machine()
-        plan = fusion.plan(self) if self.fuse else fusion.unfused(self)
-        key = (id(machine), self.mode, self.periodic, plan.key)
+        # NOTE: the key is known before fusion builds anything: a cached graph costs a lookup.
+        key = (id(machine), self.mode, self.periodic, fusion.key(self))
         got = _CACHE.get(key)
         self.cached = got is not None
         if got is None:
+            plan = fusion.plan(self) if self.fuse else fusion.unfused(self)
             progs, deps = [k.programs for k in plan.kernels], [k.deps for k in plan.kernels]
             per = scheduler.period(fusion.signatures(self, plan)) if self.periodic else None
             sched = scheduler.simulate_periodic(progs, deps, machine, per, self.mode) if per else \
