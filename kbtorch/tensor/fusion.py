@@ -40,6 +40,7 @@ class Planned:
     programs: dict
     deps: frozenset
     members: tuple
+    late: frozenset = frozenset()       # dependencies only its MATH engine waits for (an epilogue's operands)
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,13 @@ def _assemble(graph, groups: list, make) -> Plan:
     of, out, through = {}, [], {}
     for members in groups:
         fields = make(members)
-        deps = set()
+        deps, head = set(), set()
         for m in members:
             for d in graph.kernels[m].deps:
-                if d in of and of[d] is not None:
-                    deps.add(of[d])
-                elif d in through:
-                    deps |= through[d]
+                got = {of[d]} if of.get(d) is not None else set(through.get(d, ()))
+                deps |= got
+                if m == members[0]:
+                    head |= got
         deps -= {len(out)}
         if not any(fields["programs"].values()):
             for m in members:
@@ -91,7 +92,8 @@ def _assemble(graph, groups: list, make) -> Plan:
             continue
         for m in members:
             of[m] = len(out)
-        out.append(_planned(graph.kernels, members, frozenset(deps), **fields))
+        late = frozenset(deps - head) if fields.get("kernel") == "gemm+epilogue" else frozenset()
+        out.append(_planned(graph.kernels, members, frozenset(deps), late=late, **fields))
     return Plan(tuple(out), key(graph), tuple(k.timed.result for k in graph.kernels))
 
 

@@ -87,11 +87,12 @@ def _finish_signals(cmds: list, k: int) -> tuple[list, int]:
     return out, len(last)
 
 
-def _gated(cmds: list, waits: list, k: int) -> list:
-    """``cmds`` with ``waits`` before the first command of each engine: on that command, or
-    on gates before it on its engine; a DMA or IPCQ command without room for them waits
-    for ``"<k>.go"``, raised by gates on the MATH engine that wait for them."""
-    if not waits:
+def _gated(cmds: list, waits: list, k: int, math_waits: list = ()) -> list:
+    """``cmds`` with ``waits`` before the first command of each engine (and ``math_waits``
+    before the first MATH command): on that command, or on gates before it on its engine;
+    a DMA or IPCQ command without room for them waits for ``"<k>.go"``, raised by gates on
+    the MATH engine that wait for them."""
+    if not waits and not math_waits:
         return cmds
     firsts = {}
     for c in cmds:
@@ -102,6 +103,10 @@ def _gated(cmds: list, waits: list, k: int) -> list:
     for c in cmds:
         if firsts.get(c.engine) is c:
             need = waits if c.engine in COMPUTE or len(c.waits) + len(waits) <= 2 else go
+            need = list(need) + list(math_waits) if c.engine == "math" else need
+            if not need:
+                out.append(c)
+                continue
             if len(c.waits) + len(need) <= 2:
                 c = replace(c, waits=c.waits + tuple(need))
             elif c.engine in COMPUTE:
@@ -119,9 +124,10 @@ def _gates(engine: str, waits: list, k: int, last=()) -> list:
     return [_gate(engine, waits[j:j + 2], last if j == n[-1] else (), label=f"kernel {k} gate") for j in n]
 
 
-def build(kernels: list, deps: list, machine) -> tuple[dict, int]:
+def build(kernels: list, deps: list, machine, late: list | None = None) -> tuple[dict, int]:
     """The joined programs ``{pe: [commands]}`` of ``kernels`` (each a ``{pe: [commands]}``)
-    where kernel ``k`` depends on the kernels ``deps[k]`` (earlier ones); -> (programs,
+    where kernel ``k`` depends on the kernels ``deps[k]`` (earlier ones), those of
+    ``late[k]`` for its MATH engine only (a GEMM epilogue's operands); -> (programs,
     commands)."""
     programs: dict = {}
     engines: dict = {}          # (kernel, pe) -> engines raising its done semaphore there
@@ -139,9 +145,10 @@ def build(kernels: list, deps: list, machine) -> tuple[dict, int]:
         for pe in pes:
             waits = [Wait(f"{d}.done", engines[(d, pe)], 0) if (d, pe) in engines else Wait(f"{d}.relay", 1, 0)
                      for d in mine]
+            lates = [w for d, w in zip(mine, waits) if late and d in late[k]]
             cmds = [_rename(c, f"{k}.") for c in prog[pe]]
             cmds, engines[(k, pe)] = _finish_signals(cmds, k)
-            programs.setdefault(pe, []).extend(_gated(cmds, waits, k))
+            programs.setdefault(pe, []).extend(_gated(cmds, [w for w in waits if w not in lates], k, lates))
     return programs, sum(len(v) for v in programs.values())
 
 
@@ -171,10 +178,10 @@ def _relay_tree(programs: dict, d: int, sources: list, targets: list, engines: d
         i += 1
 
 
-def simulate(kernels: list, deps: list, machine, mode: str = "auto") -> Scheduled:
+def simulate(kernels: list, deps: list, machine, mode: str = "auto", late: list | None = None) -> Scheduled:
     """Build the joined programs and run them in one simulation (symmetry-reduced where the
     machine's units allow); -> ``Scheduled``."""
-    programs, commands = build(kernels, deps, machine)
+    programs, commands = build(kernels, deps, machine, late)
     if mode == "auto":
         mode = "coarse" if commands > COARSE_COMMANDS else "fast"
     red = symmetry.reduce(machine, programs)
@@ -227,7 +234,8 @@ def period(signatures: list) -> Period | None:
     return best
 
 
-def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str = "auto") -> Scheduled:
+def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str = "auto",
+                      late: list | None = None) -> Scheduled:
     """A graph of ``per.count`` identical blocks: the prefix, ``REPEATS_SIMULATED`` blocks and
     the suffix simulated together in ONE run; the other blocks follow at the period the run
     measured between its last two blocks (their spans are the last block's, shifted).
@@ -239,7 +247,8 @@ def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str
 
     keep = list(range(cut)) + list(range(resume, len(kernels)))
     sub = [frozenset(_fold(d, per, cut, resume) for d in deps[i]) for i in keep]
-    run = simulate([kernels[i] for i in keep], sub, machine, mode)
+    sub_late = [frozenset(_fold(d, per, cut, resume) for d in late[i]) for i in keep] if late else None
+    run = simulate([kernels[i] for i in keep], sub, machine, mode, sub_late)
     last = range(per.start + (k - 1) * per.length, cut)
     prev = range(per.start + (k - 2) * per.length, per.start + (k - 1) * per.length)
     step = max(run.finish_ps[i] for i in last) - max(run.finish_ps[i] for i in prev)
