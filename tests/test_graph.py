@@ -118,7 +118,7 @@ def test_two_graphs_cannot_nest(small):
 
 
 @pytest.mark.parametrize("batch", [1, 4])
-def test_hf_model_forward_and_generate_in_graph_mode(batch):
+def test_hf_model_forward_and_generate_in_graph_mode(small, batch):
     pytest.importorskip("transformers")
     from kbtorch.models.hf import build
     model, ref = build("tiny-qwen2")
