@@ -240,9 +240,10 @@ class Graph:
             plan = fusion.plan(self) if self.fuse else fusion.unfused(self)
             progs, deps = [k.programs for k in plan.kernels], [k.deps for k in plan.kernels]
             late = [k.late for k in plan.kernels]
+            est = [sum(self.kernels[m].timed.result.latency_ps for m in k.members) for k in plan.kernels]
             per = scheduler.period(fusion.signatures(self, plan)) if self.periodic else None
-            sched = scheduler.simulate_periodic(progs, deps, machine, per, self.mode, late) if per else \
-                scheduler.simulate(progs, deps, machine, self.mode, late)
+            sched = scheduler.simulate_periodic(progs, deps, machine, per, self.mode, late, est) if per else \
+                scheduler.simulate(progs, deps, machine, self.mode, late, est)
             got = _CACHE[key] = (plan, sched)
             if len(_CACHE) > CACHE_MAX:
                 del _CACHE[next(iter(_CACHE))]

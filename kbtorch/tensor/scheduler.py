@@ -178,9 +178,34 @@ def _relay_tree(programs: dict, d: int, sources: list, targets: list, engines: d
         i += 1
 
 
-def simulate(kernels: list, deps: list, machine, mode: str = "auto", late: list | None = None) -> Scheduled:
-    """Build the joined programs and run them in one simulation (symmetry-reduced where the
-    machine's units allow); -> ``Scheduled``."""
+def issue_order(deps: list, est_ps: list) -> list[int]:
+    """The order kernels are issued in on every PE: by when their inputs would be ready if
+    each kernel took ``est_ps`` (its time alone), program order among equals; a topological
+    order (a kernel's estimate is later than its dependencies').
+
+    NOTE: engines are in-order queues: a kernel issued behind one that waits holds up its
+    engine; issuing the ready ones first is what a list scheduler does."""
+    ready, finish = [], []
+    for k, ds in enumerate(deps):
+        ready.append(max((finish[d] for d in ds), default=0))
+        finish.append(ready[-1] + max(1, est_ps[k]))
+    return sorted(range(len(deps)), key=lambda k: (ready[k], k))
+
+
+def simulate(kernels: list, deps: list, machine, mode: str = "auto", late: list | None = None,
+             est_ps: list | None = None) -> Scheduled:
+    """Build the joined programs, issued in ``issue_order`` (program order without
+    ``est_ps``), and run them in one simulation (symmetry-reduced where the machine's units
+    allow); -> ``Scheduled`` (in the given order)."""
+    if est_ps is not None:
+        order = issue_order(deps, est_ps)
+        if order != list(range(len(kernels))):
+            at = {k: i for i, k in enumerate(order)}
+            run = simulate([kernels[k] for k in order], [frozenset(at[d] for d in deps[k]) for k in order], machine,
+                           mode, [frozenset(at[d] for d in late[k]) for k in order] if late else None)
+            back = [at[k] for k in range(len(kernels))]
+            return Scheduled(run.result, tuple(run.ready_ps[i] for i in back), tuple(run.finish_ps[i] for i in back),
+                             run.commands)
     programs, commands = build(kernels, deps, machine, late)
     if mode == "auto":
         mode = "coarse" if commands > COARSE_COMMANDS else "fast"
@@ -235,7 +260,7 @@ def period(signatures: list) -> Period | None:
 
 
 def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str = "auto",
-                      late: list | None = None) -> Scheduled:
+                      late: list | None = None, est_ps: list | None = None) -> Scheduled:
     """A graph of ``per.count`` identical blocks: the prefix, ``REPEATS_SIMULATED`` blocks and
     the suffix simulated together in ONE run; the other blocks follow at the period the run
     measured between its last two blocks (their spans are the last block's, shifted).
@@ -248,7 +273,8 @@ def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str
     keep = list(range(cut)) + list(range(resume, len(kernels)))
     sub = [frozenset(_fold(d, per, cut, resume) for d in deps[i]) for i in keep]
     sub_late = [frozenset(_fold(d, per, cut, resume) for d in late[i]) for i in keep] if late else None
-    run = simulate([kernels[i] for i in keep], sub, machine, mode, sub_late)
+    run = simulate([kernels[i] for i in keep], sub, machine, mode, sub_late,
+                   [est_ps[i] for i in keep] if est_ps else None)
     last = range(per.start + (k - 1) * per.length, cut)
     prev = range(per.start + (k - 2) * per.length, per.start + (k - 1) * per.length)
     step = max(run.finish_ps[i] for i in last) - max(run.finish_ps[i] for i in prev)
