@@ -112,9 +112,11 @@ class Graph:
     ``plan`` (the fused kernels and their schedule), ``latency_ns`` and ``report()``."""
 
     def __init__(self, machine=None, *, fuse: bool = True, mode: str = "auto", name: str = "graph",
-                 periodic: bool = True):
+                 periodic: bool = True, order: str = "program"):
+        if order not in ("program", "ready"):
+            raise ValueError(f"kbtorch.graph(order={order!r}): 'program' or 'ready'")
         self.machine, self.fuse, self.mode, self.name = machine, fuse, mode, name
-        self.periodic = periodic
+        self.periodic, self.order = periodic, order
         self.nodes: list[Node] = []
         self.kernels: list[Kernel] = []
         self.depth = 0
@@ -233,14 +235,15 @@ class Graph:
             return
         machine = self.machine or current_machine()
         # NOTE: the key is known before fusion builds anything: a cached graph costs a lookup.
-        key = (id(machine), self.mode, self.periodic, fusion.key(self))
+        key = (id(machine), self.mode, self.periodic, self.order, fusion.key(self))
         got = _CACHE.get(key)
         self.cached = got is not None
         if got is None:
             plan = fusion.plan(self) if self.fuse else fusion.unfused(self)
             progs, deps = [k.programs for k in plan.kernels], [k.deps for k in plan.kernels]
             late = [k.late for k in plan.kernels]
-            est = [sum(self.kernels[m].timed.result.latency_ps for m in k.members) for k in plan.kernels]
+            est = [sum(self.kernels[m].timed.result.latency_ps for m in k.members) for k in plan.kernels] \
+                if self.order == "ready" else None
             per = scheduler.period(fusion.signatures(self, plan)) if self.periodic else None
             sched = scheduler.simulate_periodic(progs, deps, machine, per, self.mode, late, est) if per else \
                 scheduler.simulate(progs, deps, machine, self.mode, late, est)
