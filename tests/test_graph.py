@@ -157,3 +157,18 @@ def test_a_periodic_graph_is_simulated_in_part_at_its_steady_state(small):
     assert getattr(short.schedule.result, "extrapolated", None) is not None
     assert len(short.schedule.finish_ps) == len(exact.schedule.finish_ps)
     assert short.latency_ns == pytest.approx(exact.latency_ns, rel=0.02)
+
+
+def test_chrome_trace_puts_concurrent_kernels_on_their_own_lanes(small, tmp_path):
+    import json
+    a, b = torch.randn(8, 32).to("ahbm"), torch.randn(8, 32).to("ahbm")
+    w = torch.randn(32, 32).to("ahbm")
+    with kbtorch.profile() as prof, kbtorch.graph():
+        (a @ w).sum(-1), torch.nn.functional.silu(b).mean(-1)      # two independent branches
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    lanes = {e["args"]["name"] for e in events if e["ph"] == "M" and e["args"]["name"].startswith("graph lane")}
+    parts = [e for e in events if e.get("cat") not in ("usage", "command") and e["ph"] == "X" and "PEs" in
+             e.get("args", {}).get("detail", "")]
+    assert len(lanes) >= 2 and len(parts) == len(prof.records[0].parts)
