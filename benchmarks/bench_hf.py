@@ -81,7 +81,7 @@ def generate_7b(cache: str, kernels: str) -> dict:
     """``examples/hf_generate.py`` on Qwen2.5-7B in a fresh process: wall, peak RSS, figures."""
     flags = ["--model", "qwen2.5-7b", "--prompt-len", "128", "--new-tokens", "8", "--cache", cache,
              "--kernels", kernels, "--json"]
-    cmd = [sys.executable, "-c", f"import resource, sys; sys.path.insert(0, '{ROOT / 'examples'}'); import hf_generate; "
+    cmd = [sys.executable, "-c", f"import resource, sys; sys.path[:0] = ['{ROOT}', '{ROOT / 'examples'}']; import hf_generate; "
            f"hf_generate.main({flags!r}); print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()

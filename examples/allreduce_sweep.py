@@ -17,13 +17,13 @@ large payloads take minutes each (see benchmarks/README.md): by default the swee
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
 from tabulate import tabulate
 
+from kbtorch.cli import ArgumentParser, run_script
 from kbtorch.ops.collective import collective, estimates
 from kbtorch.ops.collective_group import make_grid, resolve_group
 from kbtorch.ops.collective_plan import ALGOS
@@ -111,7 +111,7 @@ def mesh_vs_torus(nbytes: int) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-bytes", type=parse_bytes, default=None, help="largest payload per member (all studies)")
     ap.add_argument("--full", action="store_true", help="go to 1 GiB in every study (slow: tens of minutes)")
     ap.add_argument("--json", action="store_true")
@@ -147,4 +147,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

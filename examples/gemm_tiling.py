@@ -27,14 +27,15 @@ so every configuration is ranked and simulated once.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import inspect
+import sys
 import time
 
 from tabulate import tabulate
 
 import kbtorch.ops.gemm as gemm_mod
+from kbtorch.cli import ArgumentParser, run_script
 from kbtorch.ops.gemm import gemm
 from kbtorch.topology import load_machine
 
@@ -125,7 +126,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seq", help=f"comma-separated S values (default {','.join(map(str, DEFAULT_SEQ))}; "
                                       f"the full study: {','.join(map(str, FULL_SEQ))})")
     parser.add_argument("--quick", action="store_true", help="S = 1 and 128, the automatic tiling only")
@@ -138,7 +139,7 @@ def main(argv=None) -> None:
         parser.error(f"argument --seq: invalid S list '{args.seq}' (expected e.g. 1,128,2048)")
     if not seq or min(seq) < 1:
         parser.error("argument --seq: S values must be positive")
-    tilings = args.tilings or (1 if args.quick else 2)
+    tilings = args.tilings if args.tilings is not None else (1 if args.quick else 2)
     if tilings < 1:
         parser.error("argument --tilings: must be at least 1")
     machine = load_machine("ahbm")
@@ -153,4 +154,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

@@ -1,7 +1,8 @@
 """An unmodified Hugging Face causal LM on the "ahbm" device: ``model.generate()``, timed.
 
-The model is built from its config (``kbtorch/models/hf.py``: no download): full-size ones on the
-meta device and run timing-only (no data, default), ``tiny`` ones with seeded random
+The model is built from its config (``kbtorch/models/hf.py``: a preset, a config.json or a
+local snapshot folder; never a download): full-size ones on the meta device and run
+timing-only (no data, default), ``tiny`` ones (and any with ``--check``) with seeded random
 weights (``--check`` compares logits and greedy tokens with the same model on CPU). The
 weights are placed tensor-parallel over all PEs (``kbtorch.models.hf.place_tp``); the KV cache is
 the one the model uses: ``DynamicCache`` (``--cache dynamic``, Hugging Face's default: each
@@ -17,10 +18,11 @@ per-op profile.
     python examples/hf_generate.py --model qwen2.5-7b --prompt-len 128 --new-tokens 8
     python examples/hf_generate.py --model mixtral-8x7b --prompt-len 32 --new-tokens 2 --json
     python examples/hf_generate.py --model tiny --batch 4 --check --cache static
+    python examples/hf_generate.py --model tiny-deepseek-v3 --check
+    python examples/hf_generate.py --model path/to/snapshot --topology maia200     # its config.json
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -29,15 +31,20 @@ from contextlib import nullcontext
 import torch
 
 import kbtorch
+from kbtorch import limits
+from kbtorch.cli import ArgumentParser, run_script
+from kbtorch.models.hf import CONFIGS, TINY_EXTRA, build, config, fuse_norms, place_tp
 from kbtorch.tensor.stream import clock_ns
-from kbtorch.models.hf import CONFIGS, build, fuse_norms, place_tp
 
-TINY = {"tiny": "tiny-qwen2", "tiny-llama": "tiny-llama", "tiny-mistral": "tiny-mistral", "tiny-mixtral": "tiny-mixtral"}
+#: The tiny presets (seeded random weights: data by default); "tiny" is tiny-qwen2.
+TINY = {"tiny": "tiny-qwen2", **{f"tiny-{f}": f"tiny-{f}" for f in TINY_EXTRA}}
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=(*CONFIGS, *TINY), default="qwen2.5-7b")
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", metavar="PRESET|CONFIG.json|FOLDER", default="qwen2.5-7b",
+                    help=f"a preset ({', '.join((*CONFIGS, *TINY))}), a config.json or a local snapshot folder "
+                         "holding one (never downloaded; default qwen2.5-7b)")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=8)
     ap.add_argument("--batch", type=int, default=1)
@@ -54,15 +61,33 @@ def parse(argv):
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--topology", metavar="NAME|PATH", help="the machine (default: $KBTORCH_TOPOLOGY or ahbm)")
     args = ap.parse_args(argv)
-    tiny = args.model in TINY
+    try:
+        config(TINY.get(args.model, args.model))
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.timing_only is None:
-        args.timing_only = not tiny
+        args.timing_only = not (args.model in TINY or args.check)
     if args.check and args.timing_only:
         ap.error("--check needs data (a tiny model without --timing-only)")
     for name in ("prompt_len", "new_tokens", "batch"):
         if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be positive")
+            ap.error(f"argument --{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
+    bound(args)
     return args
+
+
+def bound(args) -> None:
+    """Refuse sizes the model or the host cannot hold, before anything is built: positions
+    against the model's ``max_position_embeddings``, the hidden states of the whole batch
+    against ``KBTORCH_MAX_TENSOR_ELEMENTS``."""
+    cfg = config(TINY.get(args.model, args.model))
+    positions = args.prompt_len + args.new_tokens
+    if positions > cfg.max_position_embeddings:
+        raise ValueError(f"arguments --prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} = {positions} "
+                         f"positions exceed {args.model}'s max_position_embeddings of {cfg.max_position_embeddings}")
+    limits.check("elements", args.batch * positions * cfg.hidden_size,
+                 f"arguments --batch {args.batch} x {positions} positions x hidden size {cfg.hidden_size} "
+                 f"of {args.model}")
 
 
 class StepClock:
@@ -117,13 +142,16 @@ def step_bytes(model, batch: int, context: int) -> int:
     experts, those its tokens are routed to: at most ``batch x experts_per_tok`` of them, as
     the weights of a fraction of the experts) and the KV cache of ``context`` positions."""
     cfg = model.config
-    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    experts = (getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+               or getattr(cfg, "n_routed_experts", None))
     share = min(1.0, batch * cfg.num_experts_per_tok / experts) if experts else 1.0
     weights = sum(p.numel() * p.element_size() * (share if ".experts." in n else 1.0)
                   for n, p in model.named_parameters() if "embed_tokens" not in n)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    # NOTE: multi-head latent attention (DeepSeek-V3) caches keys of qk_head_dim and values of v_head_dim per head.
+    kv_dims = (getattr(cfg, "qk_head_dim", head_dim), getattr(cfg, "v_head_dim", head_dim))
     eb = next(model.parameters()).element_size()
-    kv = 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * head_dim * context * eb
+    kv = cfg.num_hidden_layers * batch * cfg.num_key_value_heads * sum(kv_dims) * context * eb
     return round(weights) + kv
 
 
@@ -181,7 +209,11 @@ def both(args) -> int:
 def main(argv=None) -> int:
     args = parse(argv)
     if args.topology:
-        kbtorch.use(args.topology)
+        try:
+            kbtorch.use(args.topology)
+        except ValueError as exc:
+            raise ValueError(f"argument --topology: {exc}") from None
+    kbtorch.current_machine()       # NOTE: a bad --topology or $KBTORCH_TOPOLOGY is refused before the model is built
     if args.mode == "both":
         return both(args)
     t0 = time.perf_counter()
@@ -211,4 +243,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -19,13 +19,13 @@ the paper's reported figures are in PAPER, for the comparison only. See docs/val
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
 import kbtorch
+from kbtorch.cli import ArgumentParser, run_script
 from kbtorch.ops.collective import all_gather
 from kbtorch.ops.contract import DTYPES
 from kbtorch.ops.gemm import gemm
@@ -246,7 +246,7 @@ def table(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer points (under 2 minutes)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--plots", metavar="DIR", type=Path,
@@ -263,4 +263,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -9,19 +9,20 @@ torch on CPU and prints each op's simulated latency and throughput.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import torch
 
 import kbtorch
+from kbtorch import limits
+from kbtorch.cli import ArgumentParser, run_script
 
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, default=1024)
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--k", type=int, default=1024)
@@ -29,6 +30,13 @@ def main(argv=None) -> int:
     ap.add_argument("--timing-only", action="store_true", help="no data (any size fits), no check")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    for name in ("m", "n", "k"):
+        if getattr(args, name) < 1:
+            ap.error(f"argument --{name}: must be positive, got {getattr(args, name)}")
+    if not args.timing_only:
+        for name, count in (("A", args.m * args.k), ("B", args.k * args.n), ("C", args.m * args.n)):
+            limits.check("elements", count, f"{name} of {args.m}x{args.k} @ {args.k}x{args.n} with data "
+                                            f"(--timing-only runs any size)")
     if args.timing_only:
         with kbtorch.timing_only(), kbtorch.profile() as prof:
             a = torch.empty(args.m, args.k, dtype=DTYPES[args.dtype], device="ahbm")
@@ -64,4 +72,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

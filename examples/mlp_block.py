@@ -9,7 +9,6 @@ torch, moved to ahbm with ``module.to("ahbm")`` (parameters keep their identity)
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -17,6 +16,8 @@ import torch
 from torch import nn
 
 import kbtorch
+from kbtorch import limits
+from kbtorch.cli import ArgumentParser, run_script
 
 
 class SwiGLU(nn.Module):
@@ -31,7 +32,7 @@ class SwiGLU(nn.Module):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--intermediate", type=int, default=1536)
@@ -39,6 +40,13 @@ def main(argv=None) -> int:
     ap.add_argument("--timing-only", action="store_true", help="no data: full sizes in bounded memory, no check")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    for name in ("tokens", "hidden", "intermediate"):
+        if getattr(args, name) < 1:
+            ap.error(f"argument --{name}: must be positive, got {getattr(args, name)}")
+    if not args.timing_only:
+        limits.check("elements", max(args.tokens, args.hidden) * args.intermediate,
+                     f"arguments --tokens {args.tokens} --hidden {args.hidden} --intermediate {args.intermediate} "
+                     f"with data (--timing-only runs any size)")
     torch.manual_seed(0)
     if args.timing_only:
         with kbtorch.timing_only(), torch.no_grad():
@@ -76,4 +84,4 @@ def _run_and_check(args):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -23,7 +23,6 @@ aggregate HBM bandwidth it achieves (weights and KV cache read once per token).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -32,12 +31,13 @@ from contextlib import nullcontext
 import torch
 
 import kbtorch
+from kbtorch.cli import ArgumentParser, run_script
 from kbtorch.models.qwen2 import CONFIGS, KVCache, rotary, tensor_parallel
 from kbtorch.models.qwen2_run import build_layer, lm_head_ns, replicate, run_hf
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="7b")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--seq", type=int, help="prefill S tokens")
@@ -196,4 +196,4 @@ def both(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -6,10 +6,11 @@ component kind that dominates the latency. Run: ``python examples/transfer_sweep
 """
 from __future__ import annotations
 
-import argparse
+import sys
 
 from tabulate import tabulate
 
+from kbtorch.cli import ArgumentParser, run_script
 from kbtorch.sim.commands import Dma, Loc
 from kbtorch.sim.simulator import Simulator
 from kbtorch.topology import load_machine
@@ -29,7 +30,7 @@ def transfer(machine, src: int, dst: int, nbytes: int):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--topologies", default="ahbm,ahbm_torus", help="comma-separated topology names")
     args = parser.parse_args(argv)
     rows = []
@@ -43,4 +44,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

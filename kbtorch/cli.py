@@ -3,7 +3,8 @@
 Every command takes ``--json`` (print exactly one JSON object on stdout) and ``--topology
 NAME|PATH`` (default ``ahbm``). Byte counts accept KiB/MiB/GiB suffixes, PE lists ``0,5,9``
 and ``0-7``, triples (GEMM tiles and grids) ``128,128,512``. An error prints ``kbtorch:
-error: <message>`` on stderr and exits with 2.
+error: <message>`` on stderr and exits with 2; a sweep some of whose points failed prints its
+results and exits with 1.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from .runtime import AllocationError, Runtime
 from .sim.commands import Dma
 from .sim.simulator import Simulator
 from .sim.traffic import PATTERNS, pattern_messages, pattern_pairs
-from .topology.machine import load_machine
-from .cli_common import _byte_count, _pe_arg, _pes_arg, _run_info, _write_trace
+from .topology.machine import DEFAULT_MACHINE, load_machine
+from .cli_common import _byte_count, _nonneg_int, _pe_arg, _pes_arg, _positive_int, _run_info, _write_trace
 from .cli_ops import add_family_parsers
 from .cli_sweep import add_parser as add_sweep_parser
 from .units import fmt_bytes, fmt_ns
@@ -36,6 +37,12 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(message)
+
+
+#: The parser of kbtorch's command line and example scripts: a bad argument raises UsageError.
+ArgumentParser = _Parser
+#: What a command or a script reports as an error (one line, exit 2) rather than a traceback.
+REPORTED = (UsageError, ValueError, TypeError, KeyError, RuntimeError, OSError)
 
 
 def _common() -> argparse.ArgumentParser:
@@ -62,9 +69,9 @@ def _bench_parsers(bench, common) -> None:
     p.set_defaults(func=_cmd_hbm)
     p = bench.add_parser("traffic", parents=[common, run], help="synthetic PE-to-PE messages")
     p.add_argument("--pattern", choices=PATTERNS, default="uniform")
-    p.add_argument("--messages", type=int, default=64, help="number of messages (default 64)")
+    p.add_argument("--messages", type=_positive_int, default=64, help="number of messages (default 64)")
     p.add_argument("--bytes", type=_byte_count, default=64 << 10, help="bytes per message (default 64KiB)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_nonneg_int, default=0)
     p.add_argument("--flit-exact", action="store_true", help="one event per flit (reference mode)")
     p.set_defaults(func=_cmd_traffic)
     add_family_parsers(bench, [common, run])
@@ -86,22 +93,53 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); -> exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        limits.check_environment()
         args = build_parser().parse_args(argv)
-        machine = load_machine(getattr(args, "name", None) or getattr(args, "topology", "ahbm")) \
+        machine = load_machine(getattr(args, "name", None) or getattr(args, "topology", DEFAULT_MACHINE)) \
             if getattr(args, "needs_machine", True) else None
         data, text = args.func(args, machine)
-    except (UsageError, ValueError, TypeError, KeyError, RuntimeError, OSError) as exc:
-        print(f"kbtorch: error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}", file=sys.stderr)
-        return 2
-    except MemoryError:
-        print("kbtorch: error: out of memory (the input asks for more than this machine holds)", file=sys.stderr)
-        return 2
+    except (*REPORTED, MemoryError, KeyboardInterrupt) as exc:
+        return report(exc, "--json" in argv)
     try:
         print(json.dumps(_finite(data)) if getattr(args, "json", False) else text, flush=True)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0
+    return getattr(args, "status", 0)
+
+
+def report(exc: BaseException, as_json: bool, prog: str = "kbtorch") -> int:
+    """The exit status of a command or script that raised ``exc``, reported by :func:`fail`."""
+    if isinstance(exc, KeyboardInterrupt):
+        return fail(exc, as_json, str(exc) or "stopped by Ctrl-C", 130, prog)
+    if isinstance(exc, MemoryError) and not str(exc):
+        return fail(exc, as_json, "out of memory (the input asks for more than this machine holds)", 2, prog)
+    return fail(exc, as_json, exc.args[0] if isinstance(exc, KeyError) and exc.args else exc, 2, prog)
+
+
+def run_script(main, argv=None, prog: str | None = None) -> int:
+    """Run an example script's ``main(argv)``; a bad input or a fault is reported as the
+    command line does (one line on stderr, one JSON object under ``--json``, exit 2)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        limits.check_environment()
+        return main(argv) or 0
+    except (*REPORTED, MemoryError, KeyboardInterrupt) as exc:
+        return report(exc, "--json" in argv, prog or os.path.basename(sys.argv[0]) or "kbtorch")
+
+
+def fail(exc: BaseException, as_json: bool, message, status: int = 2, prog: str = "kbtorch") -> int:
+    """Report an error as every command does: ``PROG: error: MESSAGE`` on stderr (one line of
+    text, no traceback) and, under ``--json``, one object ``{"error": true, "kind", "message"}``
+    on stdout -> the exit status (2: bad input; 130: interrupted)."""
+    message = str(message)
+    word = "interrupted" if status == 130 else "error"
+    print(f"{prog}: {word}: {message}", file=sys.stderr, flush=True)
+    if as_json:
+        kind = "UsageError" if isinstance(exc, (UsageError, argparse.ArgumentError)) else type(exc).__name__
+        print(json.dumps({"error": True, "kind": kind, "message": message}), flush=True)
+    return status
 
 
 def _finite(x):
@@ -159,6 +197,8 @@ def _transfer_text(machine, data: dict, result) -> str:
 def _cmd_transfer(args, machine):
     n = len(machine.pes)
     src, dst = _pe_arg(args.src, n, "--src"), _pe_arg(args.dst, n, "--dst")
+    if args.flit_exact:
+        limits.check("flits", -(-args.bytes // machine.flit_bytes), "argument --bytes with --flit-exact")
     data, result = _transfer(machine, src, dst, args.bytes, "flit" if args.flit_exact else "fast", bool(args.trace))
     _write_trace(args, result)
     return data, _transfer_text(machine, data, result)

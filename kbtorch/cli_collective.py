@@ -7,7 +7,7 @@ import argparse
 
 from tabulate import tabulate
 
-from .cli_common import _byte_count
+from .cli_common import _byte_count, _nonneg_int
 from .ops.contract import DTYPES
 from .units import fmt_bytes
 
@@ -51,7 +51,7 @@ def add_parser(bench, parents, family) -> None:
         if kind in REDUCING:
             p.add_argument("--op", choices=COLLECTIVE_OPS, default="sum", help="reduction (default sum)")
         if kind == "broadcast":
-            p.add_argument("--root", type=int, default=0,
+            p.add_argument("--root", type=_nonneg_int, default=0,
                            help="rank in --group (0..members-1) of the member that sends (default 0)")
         p.add_argument("--dtype", choices=tuple(DTYPES), default="f16", help="element type (default f16)")
         p.add_argument("--packet-bytes", type=_byte_count, help="packet size (default: from the block size)")

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from .profiler import breakdown_ns
-from .units import parse_bytes, parse_pe, parse_pes
+from .units import parse_bytes, parse_int, parse_pe, parse_pes
 
 
 def _write_trace(args, result) -> None:
@@ -45,20 +46,41 @@ def _byte_count(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive_int(text: str) -> int:
+def _int(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer '{text}'") from None
+        return parse_int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"'{text}' must be a positive integer")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"'{text}' must be a non-negative integer")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text) if text.isascii() else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"invalid number '{text}' (a finite decimal number, e.g. 0.5)")
     return value
 
 
 def _triple(text: str) -> tuple[int, int, int]:
     parts = text.split(",")
     try:
-        values = tuple(int(x) for x in parts)
+        values = tuple(parse_int(x) for x in parts)
     except ValueError:
         values = ()
     if len(values) != 3:

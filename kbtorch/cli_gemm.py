@@ -8,6 +8,7 @@ import time
 
 from tabulate import tabulate
 
+from . import limits
 from .cli_common import _pes_arg, _positive_int, _triple, _write_trace
 from .ops.contract import DTYPES
 from .profiler import breakdown_ns, breakdown_table
@@ -126,6 +127,14 @@ def _cmd_gemm(args, machine):
     from .runtime import AllocationError
     from .ops.gemm import gemm
 
+    if args.check:
+        # NOTE: --check builds A, B and C on the host: each is bounded before anything is allocated.
+        for name, count in (("A", args.m * args.k), ("B", args.k * args.n), ("C", args.m * args.n)):
+            limits.check("elements", count, f"--check of M={args.m} N={args.n} K={args.k}: {name}")
+    if args.flit_exact:
+        limits.check("flits", -(-(args.m * args.k + args.k * args.n) // machine.flit_bytes),
+                     f"--flit-exact gemm M={args.m} N={args.n} K={args.k} (one flit at least per {machine.flit_bytes} "
+                     f"elements read)")
     pes = _pes_arg(args.pes, len(machine.pes)) if args.pes is not None else list(range(len(machine.pes)))
     tiling, source = _gemm_tiling(args, len(pes))
     mode = "flit" if args.flit_exact else "fast"

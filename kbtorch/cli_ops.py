@@ -1,22 +1,27 @@
 """``kbtorch bench FAMILY``: one subcommand per registered op family (``ops.contract``).
 
-A family with its own command-line module (``OpFamily.cli``, e.g. GEMM's engine table or the
-collectives' ``--check``) declares its subcommand there; every other family gets the generic
-one, built from its parameters: a timing-only run that prints the figures of its ``OpRun``
-and the latency attribution.
+The families with a command-line module of their own (``OWN_PARSERS``: GEMM's engine table,
+the collectives' ``--check``) declare their subcommand there; every other family gets the
+generic one, built from its parameters: a timing-only run that prints the figures of its
+``OpRun`` and the latency attribution. NOTE: the table lives here, on the command line's
+side: an op family never names a command-line module (the layer order, tests/test_imports.py).
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 
-from . import ops
-from .cli_common import _byte_count, _pes_arg, _positive_int, _triple, _write_trace
+from . import cli_collective, cli_gemm, ops
+from .cli_common import _byte_count, _finite_float, _pes_arg, _positive_int, _triple, _write_trace
 from .ops.contract import DTYPES, families
 from .profiler import breakdown_ns, breakdown_table
 
-_TYPES = {"int": _positive_int, "bytes": _byte_count, "float": float, "str": str, "pes": str, "dtype": str,
+_TYPES = {"int": _positive_int, "bytes": _byte_count, "float": _finite_float, "str": str, "pes": str, "dtype": str,
           "shape": _triple}
+
+
+#: Family name -> ``add_parser(bench, parents, family)`` of its own subcommand.
+OWN_PARSERS = {"gemm": cli_gemm.add_parser,
+               **{kind: cli_collective.add_parser for kind in cli_collective.COLLECTIVES.values()}}
 
 
 def command_name(family) -> str:
@@ -28,11 +33,7 @@ def add_family_parsers(bench, parents) -> None:
     """Declare one ``bench`` subcommand per registered op family."""
     ops.load_families()
     for fam in sorted(families(), key=command_name):
-        if fam.cli:
-            module, fn = fam.cli.split(":")
-            getattr(importlib.import_module(module), fn)(bench, parents, fam)
-        else:
-            _generic_parser(bench, parents, fam)
+        OWN_PARSERS.get(fam.name, _generic_parser)(bench, parents, fam)
 
 
 def _generic_parser(bench, parents, fam) -> None:
@@ -57,7 +58,7 @@ def _cmd_family(args, machine):
     params = {prm.name: getattr(args, prm.name) for prm in fam.params if getattr(args, prm.name) is not None}
     if "pes" in params:
         params["pes"] = _pes_arg(params["pes"], len(machine.pes))
-    run = fam.run(machine=machine, mode="flit" if args.flit_exact else "fast", trace=bool(args.trace), **params)
+    run = fam(machine=machine, mode="flit" if args.flit_exact else "fast", trace=bool(args.trace), **params)
     _write_trace(args, run.result)
     data = {"topology": machine.name, "family": fam.name, **run.summary(), "breakdown": breakdown_ns(run.result)}
     head = (f"{run.op} ({run.plan}), {run.dtype}: {run.latency_ns:.3f} ns, {run.tflops:.2f} TFLOP/s, "

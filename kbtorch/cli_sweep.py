@@ -1,12 +1,17 @@
 """``kbtorch sweep SPEC.toml``: run a design-space sweep (``kbtorch.sweep``), resumable, with a
-progress bar on stderr (silent under ``--json``), exports and plots. Needs the ``[sweep]``
+progress bar on stderr (silent under ``--json``), exports and plots. The spec and the outputs
+are checked before any point runs; a sweep whose points failed exits with status 1 and a
+summary of the failures by cause. Needs the ``[sweep]``
 extra (``pip install -e ".[sweep]"``); its modules are imported only when the command runs.
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import os
+import sys
 
-from .cli_common import _positive_int
+from .cli_common import _byte_count, _positive_int
 
 EXPORTS = ("csv", "parquet", "md")
 #: Columns of the text table (the figures; ns_<kind> columns are in the exports).
@@ -22,7 +27,22 @@ def add_parser(sub, common) -> None:
     p.add_argument("--store", metavar="PATH", help="results database (default: SPEC.sqlite beside the spec)")
     p.add_argument("--export", nargs=2, metavar=("csv|parquet|md", "PATH"), help="write every point's row to PATH")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
+    p.add_argument("--retry-failed", action="store_true", help="run the points stored as failed again")
+    p.add_argument("--point-timeout", type=_seconds, metavar="S",
+                   help="wall seconds a point may run (default $KBTORCH_MAX_POINT_S or 3600)")
+    p.add_argument("--point-memory", type=_byte_count, metavar="BYTES",
+                   help="memory a point may take, e.g. 4GiB (default $KBTORCH_MAX_POINT_BYTES or 8GiB)")
     p.set_defaults(func=_cmd_sweep, needs_machine=False)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive number of seconds")
+    return value
 
 
 def _check_extras(args) -> None:
@@ -35,6 +55,44 @@ def _check_extras(args) -> None:
             raise ValueError(f"argument --export: unknown format '{fmt}' (choose from {', '.join(EXPORTS)})")
         if fmt == "parquet" and importlib.util.find_spec("pyarrow") is None:
             raise ValueError("argument --export: parquet needs pyarrow (pip install pyarrow), or export csv")
+
+
+def causes(failures: list) -> list:
+    """Failures grouped by their error: ``[{error, points, workloads}]``, the most common first."""
+    by: dict = {}
+    for f in failures:
+        entry = by.setdefault(f["error"], {"error": f["error"], "points": 0, "workloads": []})
+        entry["points"] += 1
+        if f["workload"] not in entry["workloads"]:
+            entry["workloads"].append(f["workload"])
+    return sorted(by.values(), key=lambda c: -c["points"])
+
+
+def _check_outputs(args) -> None:
+    """ValueError naming the option unless ``--export`` and ``--plot`` can be written (before any point runs)."""
+    if args.export:
+        _writable(args.export[1], "--export", directory=False)
+    if args.plot:
+        _writable(args.plot, "--plot", directory=True)
+
+
+def _writable(path: str, option: str, directory: bool) -> None:
+    if not path:
+        raise ValueError(f"argument {option}: an empty path")
+    target = os.path.abspath(path)
+    if os.path.exists(target):
+        if os.path.isdir(target) != directory:
+            raise ValueError(f"argument {option}: '{path}' is {'not ' if directory else ''}a directory")
+        if not os.access(target, os.W_OK):
+            raise ValueError(f"argument {option}: '{path}' is not writable")
+        return
+    parent = os.path.dirname(target)
+    while not os.path.exists(parent) and directory:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"argument {option}: cannot write '{path}': no directory '{os.path.dirname(target)}'")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"argument {option}: cannot write '{path}': '{parent}' is not writable")
 
 
 def export(df, fmt: str, path: str) -> None:
@@ -60,14 +118,23 @@ def _cmd_sweep(args, _machine):
     from .sweep.plots import plot_all, sensitivity
     from .sweep.runner import execute
     spec = load_spec(args.spec)
+    _check_outputs(args)
     result = execute(spec, workers=args.workers, scheduler=args.scheduler, store=args.store,
-                     progress=not getattr(args, "json", False))
+                     progress=not getattr(args, "json", False), retry_failed=args.retry_failed,
+                     point_timeout_s=args.point_timeout, point_bytes=args.point_memory)
+    for rowid, key, fault in result.damaged:
+        print(f"kbtorch: warning: store '{result.store_path}': row {rowid} (key {str(key)[:12]}) is damaged "
+              f"and skipped: {fault}", file=sys.stderr)
     df = frame(result.rows, spec)
     if args.export:
         export(df, *args.export)
     plots = plot_all(df, spec, args.plot) if args.plot else []
     failures = [{"key": r["key"], "workload": r["workload"], "error": r["error"]} for r in result.failures]
-    data = {"spec": spec.name, "points": len(result.rows), "ran": result.ran, "failed": failures,
+    # NOTE: a sweep with failed points exits 1 (2: it was refused before any point ran).
+    args.status = 1 if failures else 0
+    data = {"spec": spec.name, "points": len(result.rows), "ran": result.ran, "reused": result.reused,
+            "damaged": [{"rowid": r, "key": k, "fault": f} for r, k, f in result.damaged], "failed": failures,
+            "causes": causes(failures),
             "store": result.store_path, "wall_s": result.wall_s, "plots": plots,
             "sensitivity": sensitivity(df, spec) if spec.axes else {}, "rows": result.rows}
     return data, _text(df, data)
@@ -77,11 +144,13 @@ def _text(df, data: dict) -> str:
     point_cols = [c for c in df.columns if c not in ("key", "plan", "events", "wall_s") and not c.startswith("ns_")
                   and c not in SHOWN]
     table = _blank(df[point_cols + [c for c in SHOWN if c in df.columns]]).to_markdown(index=False, floatfmt=".4g")
-    head = (f"sweep {data['spec']}: {data['points']} points ({data['ran']} run now, the rest from {data['store']}) "
-            f"in {data['wall_s']:.1f} s; {len(data['failed'])} failed")
+    head = (f"sweep {data['spec']}: {data['points']} points ({data['ran']} run now, {data['reused']} reused from "
+            f"{data['store']}) in {data['wall_s']:.1f} s; {len(data['failed'])} failed")
     lines = [head, "", table]
     if data["failed"]:
         lines += ["", "failures:"] + [f"  {f['workload']} ({f['key'][:12]}): {f['error']}" for f in data["failed"]]
+        lines += ["", f"{len(data['failed'])} of {data['points']} points failed, by cause:"] + [
+            f"  {c['points']} x {c['error']} (workloads: {', '.join(c['workloads'])})" for c in data["causes"]]
     if data["plots"]:
         lines += ["", "plots: " + ", ".join(data["plots"])]
     return "\n".join(lines)

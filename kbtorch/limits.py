@@ -11,8 +11,18 @@ import os
 LIMITS = {
     "tiles": ("KBTORCH_MAX_TILES", 1_000_000),          # GEMM macro-tiles (K steps included)
     "messages": ("KBTORCH_MAX_MESSAGES", 1_000_000),    # messages of one traffic run
-    "flits": ("KBTORCH_MAX_FLITS", 1 << 32),            # flits of one traffic run
+    # NOTE: 4 Mi flits (1 GiB at 256 B flits) take ~2.7 GB and ~9 min in flit-exact mode.
+    "flits": ("KBTORCH_MAX_FLITS", 1 << 22),            # flits of one traffic run, or of any flit-exact run
+    "points": ("KBTORCH_MAX_POINTS", 10_000),           # points of one sweep, counted before expansion
+    "depth": ("KBTORCH_MAX_DEPTH", 16),                 # nesting of tables and lists in a sweep spec
+    # NOTE: not KBTORCH_MAX_ELEMENTS, which bounds a topology's nodes + links (topology/size.py).
+    "elements": ("KBTORCH_MAX_TENSOR_ELEMENTS", 1 << 28),  # elements of one host tensor an input asks for
+    "point_s": ("KBTORCH_MAX_POINT_S", 3600),           # wall seconds of one sweep point
+    "point_bytes": ("KBTORCH_MAX_POINT_BYTES", 8 << 30),  # address space one sweep point may add
 }
+#: Limits that decide a run's result (a sweep point's key holds their values); the per-point
+#: wall time and memory only decide whether it finishes (``--retry-failed`` runs it again).
+RESULT_LIMITS = ("tiles", "messages", "flits", "elements")
 
 
 def limit(name: str) -> int:
@@ -20,10 +30,23 @@ def limit(name: str) -> int:
     text = os.environ.get(env)
     if text is None:
         return default
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"${env}={text!r} is not an integer") from None
+    # NOTE: ASCII digits only (int() also takes '١٢', '1_000' and spaces); a limit is positive.
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or int(digits) < 1:
+        raise ValueError(f"${env}={text!r} is not a positive integer (unset it for the default {default})")
+    return int(digits)
+
+
+def check_environment() -> None:
+    """ValueError naming the first ``KBTORCH_MAX_*`` variable that is not a positive integer
+    (a command or script checks them all before any work)."""
+    for name in LIMITS:
+        limit(name)
+
+
+def in_force() -> dict:
+    """``{environment variable: value}`` of the limits that decide a run's result."""
+    return {LIMITS[name][0]: limit(name) for name in RESULT_LIMITS}
 
 
 def check(name: str, value: int, what: str) -> None:

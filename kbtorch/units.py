@@ -3,7 +3,8 @@
 Byte counts are plain integers or a number with a suffix: ``KiB``/``MiB``/``GiB`` are binary
 (1024-based), ``KB``/``MB``/``GB`` decimal (1000-based), ``B`` is bytes. Suffixes are
 case-insensitive; a fraction is allowed when the result is a whole number of bytes
-(``1.5MiB``). PE lists are comma-separated ids and inclusive ranges (``0-3,8``).
+(``1.5MiB``). PE lists are comma-separated ids and inclusive ranges (``0-3,8``). Integers
+are plain ASCII decimal digits: ``1e3``, ``0x10`` and other scripts' digits are refused.
 """
 from __future__ import annotations
 
@@ -11,8 +12,20 @@ import re
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
           "kb": 10**3, "mb": 10**6, "gb": 10**9}
-_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
-_PE_ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+# NOTE: ASCII digits only (re.ASCII): Python's \d and int() also take '١٢' or '１２'.
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$", re.ASCII)
+_PE_ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$", re.ASCII)
+_INT = re.compile(r"^\s*[+-]?\d+\s*$", re.ASCII)
+
+
+def parse_int(text) -> int:
+    """An integer written in plain ASCII decimal digits (``1000``, ``-3``); ValueError naming
+    the text for anything else (``1e3``, ``0x10``, ``1_000``, ``١٢``, ``5.0``)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    if not isinstance(text, str) or not _INT.match(text):
+        raise ValueError(f"invalid integer '{text}' (plain decimal digits, e.g. 1000)")
+    return int(text)
 
 
 def parse_bytes(text, minimum: int = 0) -> int:

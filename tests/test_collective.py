@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kbtorch.ops.collective as collective_module
-from kbtorch.ops.collective import BUS_FACTOR, collective, concurrent, torch_reference
+from kbtorch.ops.collective import BUS_FACTOR, collective, concurrent, on_groups, torch_reference
 from kbtorch.ops.collective_group import make_grid, resolve_group
 from kbtorch.ops.collective_plan import ALGOS, KINDS, CollectiveError, schedule
 from kbtorch.topology import load_machine
@@ -143,6 +143,14 @@ def test_concurrent_groups_must_not_share_a_pe(ahbm):
         concurrent([dict(kind="all_reduce", group="0,2,4,6", nbytes=4096, algo="ring"),
                     dict(kind="all_reduce", group="1,2,3", nbytes=4096, algo="ring")], machine=ahbm)
 
+
+
+def test_on_groups_is_auto_in_grid_order_alone_and_rings_side_by_side(tiny):
+    one = collective("all_gather", group=[0, 1, 2, 3], nbytes=4096, algo="auto", order="grid", machine=tiny)
+    assert on_groups("all_gather", [(0, 1, 2, 3)], nbytes=4096, machine=tiny) == (one.latency_ns, one.algo)
+    specs = [dict(kind="all_reduce", group=list(g), nbytes=4096, algo="ring") for g in ((0, 1, 2, 3), (4, 5, 6, 7))]
+    both = on_groups("all_reduce", [(0, 1, 2, 3), (4, 5, 6, 7)], nbytes=4096, machine=tiny)
+    assert both == (max(concurrent(specs, machine=tiny)), "ring") and both[0] > 0
 
 # ---- algorithm trade-offs -----------------------------------------------------------------
 

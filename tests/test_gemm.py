@@ -5,7 +5,7 @@ import torch
 from kbtorch.runtime import AllocationError
 from kbtorch.ops.gemm import gemm
 from kbtorch.ops.gemm_model import candidates
-from kbtorch.ops.gemm_plan import GemmTiling
+from kbtorch.ops.gemm_plan import GemmTiling, plan
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
 
@@ -93,3 +93,43 @@ def test_bad_input_is_named(ahbm):
         gemm(a, b, pes=range(8), tiling=GemmTiling((4, 4, 1), (8, 8, 8)), machine=ahbm)
     with pytest.raises(ValueError, match="unknown dtype 'int8'"):
         gemm(shape=(8, 8, 8), dtype="int8", machine=ahbm)
+
+
+def test_auto_tiling_simulates_each_confirmed_candidate_once(tiny, monkeypatch):
+    import kbtorch.ops.gemm as gemm_mod
+    calls = []
+    original = gemm_mod.simulate
+
+    def counting(*args, **kw):
+        calls.append(args[6])
+        return original(*args, **kw)
+    monkeypatch.setattr(gemm_mod, "simulate", counting)
+    run = gemm(shape=(64, 64, 64), machine=tiny)
+    assert len(calls) == len(set(calls)) == 2 and run.tiling in calls       # the winner's run is reused
+    calls.clear()
+    again = gemm(shape=(64, 64, 64), machine=tiny, mode="coarse")          # another mode: its own run
+    assert len(calls) == 3 and again.tiling == run.tiling
+
+
+@pytest.mark.parametrize("along", ["n", "k"])
+def test_slices_are_independent_per_pe_gemms(tiny, along):
+    a, b = inputs(24, 40, 36, torch.float16)
+    run = gemm(a, b, machine=tiny, slices=along)
+    assert_close(run.c, a, b)                          # a K split's partials sum to C
+    assert len(run.pes) == 8 and run.tiling.grid == ((1, 8, 1) if along == "n" else (1, 1, 8))
+    assert all(len(s.peers) == 1 for s in plan(24, 36, 40, list(run.pes), run.tiling))
+    how = "column-parallel" if along == "n" else "row-parallel"
+    assert run.plan.startswith(f"{how} x8, per PE ") and run.latency_ps > 0 and run.analytic_ps > 0
+    if along == "n":                                   # the same work as the grid 1x8x1 GEMM
+        assert run.latency_ps == gemm(shape=(24, 36, 40), machine=tiny, tiling=run.tiling).latency_ps
+
+
+def test_slices_and_fit_refuse_what_they_cannot_do(tiny):
+    with pytest.raises(ValueError, match="slices='m'"):
+        gemm(shape=(8, 8, 8), machine=tiny, slices="m")
+    with pytest.raises(ValueError, match="slices or tiling"):
+        gemm(shape=(8, 8, 8), machine=tiny, slices="n", tiling=GemmTiling((1, 8, 1), (8, 1, 8)))
+    with pytest.raises(ValueError, match="no tiling"):
+        gemm(shape=(1, 1, 1), machine=tiny)            # no grid of 8, 4 or 2 PEs fits 1x1x1
+    small = gemm(shape=(1, 1, 1), machine=tiny, fit=True)
+    assert small.tiling.grid == (1, 1, 1) and small.latency_ps > 0

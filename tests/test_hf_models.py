@@ -9,6 +9,8 @@ pytest.importorskip("transformers")
 from kbtorch.models.hf import build  # noqa: E402
 
 MODELS = ("tiny-qwen2", "tiny-llama", "tiny-mistral", "tiny-mixtral")
+#: MoE routing by histc and grouped GEMMs (transformers' default experts), DeepSeek-V3 with MLA.
+MOE = ("tiny-qwen3-moe", "tiny-olmoe", "tiny-deepseek-v3")
 
 
 def _prompt(batch: int):
@@ -19,8 +21,7 @@ def _prompt(batch: int):
     return ids, mask
 
 
-@pytest.mark.parametrize("batch", [1, 4])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name,batch", [(n, b) for n in MODELS for b in (1, 4)] + [(n, 4) for n in MOE])
 def test_forward_and_generate_match_cpu(name, batch):
     model, ref = build(name)
     ids, mask = _prompt(batch)
@@ -59,3 +60,31 @@ def test_static_cache_generate_matches_cpu():
     with torch.no_grad():
         expect = ref.generate(ids, attention_mask=mask, **gen)
         assert torch.equal(model.generate(ids.to("ahbm"), attention_mask=mask.to("ahbm"), **gen).cpu(), expect)
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_moe_experts_run_grouped_gemms_of_routed_experts_only(name):
+    import kbtorch
+    model, _ = build(name)
+    ids, _ = _prompt(1)
+    model.to("ahbm")
+    with torch.no_grad(), kbtorch.profile() as prof:
+        model(ids[:, :1].to("ahbm"))
+    names = [r.name for r in prof.records]
+    cfg = model.config
+    moe_layers = cfg.num_hidden_layers - getattr(cfg, "first_k_dense_replace", 0)
+    assert names.count("aten::histc") == moe_layers
+    # one token, top-k experts: gate/up and down GEMMs for k experts of each MoE layer
+    assert names.count("aten::_grouped_mm") == 2 * cfg.num_experts_per_tok * moe_layers
+
+
+def test_a_config_json_or_snapshot_folder_builds_the_model(tmp_path):
+    from kbtorch.models.hf import config
+    config("tiny-olmoe").save_pretrained(tmp_path)
+    for where in (tmp_path, tmp_path / "config.json"):
+        model, ref = build(str(where))
+        assert type(model).__name__ == "OlmoeForCausalLM" and model.config.num_experts == 4
+    with pytest.raises(ValueError, match="model 'nowhere': not a preset .*tiny-deepseek-v3"):
+        config("nowhere")
+    with pytest.raises(ValueError, match="the folder has no config.json"):
+        config(str(tmp_path / "empty") if (tmp_path / "empty").mkdir() is None else "")

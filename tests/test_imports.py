@@ -1,48 +1,137 @@
-"""The module graph of kbtorch is acyclic (every import, also inside functions), and the
-front end (tensor, ops, profiler, cli) never imports simpy."""
+"""The layer order of kbtorch as a test: every import, also inside functions and also named by
+string ("kbtorch.cli_gemm:add_parser", "models.qwen2_sweep:layer"), goes from a module to its
+own group or to a lower layer, and the module graph is acyclic.
+
+The order (``LAYERS``): units, limits -> topology -> sim -> runtime -> kernel -> ops -> tensor
+-> profiler -> kbtorch (the public API) -> sweep | models -> cli.
+"""
 import ast
+import fnmatch
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PKG = ROOT / "kbtorch"
+
+#: (rank, group, module patterns). A module may import its own group and any lower rank; the
+#: groups of one rank (sweep, models) do not import each other. Ranks decided from the code:
+#: - units, limits (parsing, run-size limits) import nothing of kbtorch and every layer uses
+#:   them: rank 0, below the topology.
+#: - compile (the torch.compile backend, graph branch) lowers dynamo's graphs onto the device's
+#:   graph capture: part of the tensor front end.
+#: - profiler reports on the tensor stream and the simulator's results: above tensor, below
+#:   the public API (``kbtorch.profile``) and the front ends that print its tables.
+#: - kbtorch (the package root, exactly) is the public API: models use it, as users do.
+#: - sweep and models are front ends side by side; a sweep names a model's workload only in
+#:   its study file (``fn = "module:function"``), never in code.
+#: - cli is the top: ``kbtorch sweep`` drives sweeps, ``kbtorch bench`` every op family.
+#: - models counts both today's root ``models/`` and ``kbtorch/models/``, and use kbtorch as a
+#:   user does: through the public API (the package root) only (``PUBLIC_ONLY``).
+LAYERS = (
+    (0, "base", ("kbtorch.units", "kbtorch.limits")),
+    (1, "topology", ("kbtorch.topology",)),
+    (2, "sim", ("kbtorch.sim",)),
+    (3, "runtime", ("kbtorch.runtime",)),
+    (4, "kernel", ("kbtorch.kernel",)),
+    (5, "ops", ("kbtorch.ops",)),
+    (6, "tensor", ("kbtorch.tensor", "kbtorch.compile")),
+    (7, "profiler", ("kbtorch.profiler",)),
+    (8, "api", ("kbtorch",)),
+    (9, "sweep", ("kbtorch.sweep",)),
+    (9, "models", ("kbtorch.models", "models")),
+    (10, "cli", ("kbtorch.cli", "kbtorch.cli_*")),
+)
+
+#: Groups that import the rest of kbtorch through the public API (``kbtorch``) only.
+PUBLIC_ONLY = ("models",)
 
 
-def _name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+#: A string constant read as an import: ``package.module`` or ``module:function`` under one of
+#: our top packages (a bare ``"kbtorch"`` is a name, e.g. an op label, not an import).
+_BY_STRING = re.compile(r"^(?:kbtorch|models)(?:\.\w+)*(?::\w+)?$")
+
+
+def _name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path, modules: set) -> set:
-    """Every module ``path`` imports (absolute names), anywhere in its body."""
-    name = _name(path)
+def _files(root: Path) -> list:
+    return sorted(f for top in ("kbtorch", "models") for f in (root / top).rglob("*.py"))
+
+
+def _imports(path: Path, modules: set, root: Path = ROOT) -> dict:
+    """Every module ``path`` imports (absolute names), anywhere in its body -> how ("import"
+    or "string")."""
+    name = _name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out = set()
+    out = {}
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
+            out.update({alias.name: "import" for alias in node.names})
         elif isinstance(node, ast.ImportFrom):
             base = package
             for _ in range(node.level - 1):
                 base = base.rpartition(".")[0]
             target = ".".join(p for p in (base if node.level else "", node.module or "") if p)
-            out.add(target)
-            out.update(f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in modules)
+            out[target] = "import"
+            out.update({f"{target}.{a.name}": "import" for a in node.names if f"{target}.{a.name}" in modules})
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _BY_STRING.match(node.value):
+            if "." in node.value or ":" in node.value:
+                out.setdefault(node.value.partition(":")[0], "string")
     return out
 
 
-def _graph() -> dict:
-    files = sorted(PKG.rglob("*.py"))
-    modules = {_name(f) for f in files}
+def _graph(root: Path = ROOT) -> dict:
+    """module -> {imported module: "import" | "string"}, over kbtorch/ and models/ under root."""
+    files = _files(root)
+    modules = {_name(f, root) for f in files}
     graph = {}
     for f in files:
-        me = _name(f)
-        found = _imports(f, modules)
+        me = _name(f, root)
+        found = _imports(f, modules, root)
         # NOTE: importing a module runs the packages above it first: those count too, except a
         # module's own ancestors (a parent package importing its child is how packages are built).
-        found |= {".".join(m.split(".")[:i]) for m in found for i in range(1, m.count(".") + 1)}
-        graph[me] = {m for m in found if m in modules and m != me and not me.startswith(m + ".")
-                     and not m.startswith(me + ".")}
+        for m, how in list(found.items()):
+            for i in range(1, m.count(".") + 1):
+                found.setdefault(".".join(m.split(".")[:i]), how)
+        graph[me] = {m: how for m, how in found.items() if m.split(".")[0] in ("kbtorch", "models")
+                     and m != me and not me.startswith(m + ".") and not m.startswith(me + ".")
+                     and (m in modules or how == "string")}
     return graph
+
+
+def _matches(module: str, pattern: str) -> bool:
+    """``pattern`` names ``module`` or a package above it (``kbtorch`` alone: the root only)."""
+    if pattern == "kbtorch":
+        return module == pattern
+    return fnmatch.fnmatchcase(".".join(module.split(".")[:pattern.count(".") + 1]), pattern)
+
+
+def _layer(module: str) -> tuple | None:
+    """(rank, group) of a module: its most specific pattern in ``LAYERS`` (None: unranked)."""
+    found = [(len(p), rank, group) for rank, group, patterns in LAYERS for p in patterns if _matches(module, p)]
+    return max(found)[1:] if found else None
+
+
+def violations(graph: dict) -> list:
+    """Every import against the order, as readable lines; unranked modules too."""
+    out = []
+    for me in sorted(graph):
+        mine = _layer(me)
+        if mine is None:
+            out.append(f"{me} has no layer: give it a rank in LAYERS")
+            continue
+        for m, how in sorted(graph[me].items()):
+            theirs = _layer(m)
+            if theirs is None and how == "import":
+                continue
+            if mine[1] in PUBLIC_ONLY and theirs is not None and theirs[1] not in (mine[1], "api"):
+                out.append(f"{me} ({mine[1]}) imports {m}: {mine[1]} use the public API (kbtorch) only")
+            elif theirs is None or theirs[1] != mine[1] and theirs[0] >= mine[0]:
+                where = "unranked" if theirs is None else f"{theirs[1]}, rank {theirs[0]}"
+                out.append(f"{me} ({mine[1]}, rank {mine[0]}) imports {m} ({where})"
+                           + (" by string" if how == "string" else ""))
+    return out
 
 
 def _cycle(graph: dict) -> list | None:
@@ -54,7 +143,7 @@ def _cycle(graph: dict) -> list | None:
         for n in sorted(graph[m]):
             if state.get(n) == "open":
                 return stack[stack.index(n):] + [n]
-            if n not in state:
+            if n not in state and n in graph:
                 found = visit(n)
                 if found:
                     return found
@@ -75,16 +164,58 @@ def test_the_module_graph_has_no_cycle():
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
 
 
-def test_the_front_end_does_not_import_simpy():
-    front = ("kbtorch/tensor/", "kbtorch/ops/", "kbtorch/profiler", "kbtorch/cli")
-    for f in sorted(PKG.rglob("*.py")):
-        if str(f.relative_to(ROOT)).startswith(front):
-            found = {m for m in _imports(f, set()) if m.split(".")[0] == "simpy"}
-            assert not found, f"{f.relative_to(ROOT)} imports {found}"
+def test_every_import_follows_the_layer_order():
+    graph = _graph()
+    assert not violations(graph), "\n".join(violations(graph))
+
+
+def test_every_module_has_a_layer():
+    assert _layer("kbtorch") == (8, "api") and _layer("kbtorch.cli_gemm") == (10, "cli")
+    assert _layer("kbtorch.models.qwen2") == _layer("models.hf") == (9, "models")
+    assert _layer("kbtorch.tensor.ops_matmul") == _layer("kbtorch.compile") == (6, "tensor")
+    assert _layer("kbtorch.units") == _layer("kbtorch.limits") == (0, "base")
+    assert _layer("kbtorch.nowhere") is None
+
+
+def _plant(root: Path, files: dict) -> dict:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return _graph(root)
+
+
+def test_a_planted_back_import_fails(tmp_path):
+    """A module tree with ops importing tensor (inside a function), ops naming a CLI module
+    by string, a sweep naming a model by string and a model past the public API: the
+    checker reports each, by name."""
+    graph = _plant(tmp_path, {
+        "kbtorch/__init__.py": "", "kbtorch/tensor/__init__.py": "", "kbtorch/tensor/kernels.py": "",
+        "kbtorch/ops/__init__.py": "",
+        "kbtorch/ops/fine.py": "from ..sim import engine\nfrom .. import limits\nLABEL = 'kbtorch'\n",
+        "kbtorch/ops/bad.py": "def f():\n    from ..tensor.kernels import run\n    return run\n",
+        "kbtorch/ops/named.py": "CLI = 'kbtorch.cli_x:add_parser'\n",
+        "models/__init__.py": "", "models/m.py": "import kbtorch\n",
+        "models/deep.py": "from kbtorch.tensor.kernels import run\n",
+        "kbtorch/sweep/__init__.py": "", "kbtorch/sweep/w.py": "BUILTIN = {'layer': 'models.m:layer'}\n"})
+    found = violations(graph)
+    assert found == [
+        "kbtorch.ops.bad (ops, rank 5) imports kbtorch.tensor (tensor, rank 6)",
+        "kbtorch.ops.bad (ops, rank 5) imports kbtorch.tensor.kernels (tensor, rank 6)",
+        "kbtorch.ops.named (ops, rank 5) imports kbtorch.cli_x (cli, rank 10) by string",
+        "kbtorch.sweep.w (sweep, rank 9) imports models (models, rank 9) by string",
+        "kbtorch.sweep.w (sweep, rank 9) imports models.m (models, rank 9) by string",
+        "models.deep (models) imports kbtorch.tensor: models use the public API (kbtorch) only",
+        "models.deep (models) imports kbtorch.tensor.kernels: models use the public API (kbtorch) only"], found
+
+
+def test_a_planted_cycle_and_an_unranked_module_fail(tmp_path):
+    assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+    graph = _plant(tmp_path, {"kbtorch/__init__.py": "", "kbtorch/extra.py": "X = 1\n"})
+    assert violations(graph) == ["kbtorch.extra has no layer: give it a rank in LAYERS"]
 
 
 def test_the_walk_sees_imports_inside_functions():
-    graph = {"a": {"b"}, "b": {"a"}}
-    assert _cycle(graph) == ["a", "b", "a"]
-    found = _imports(PKG / "tensor" / "ops_matmul.py", {_name(f) for f in PKG.rglob("*.py")})
-    assert "kbtorch.ops.gemm" in found and "kbtorch.tensor.dispatch" in found
+    modules = {_name(f, ROOT) for f in _files(ROOT)}
+    found = _imports(ROOT / "kbtorch" / "tensor" / "ops_matmul.py", modules)
+    assert found.get("kbtorch.ops.gemm") == "import" and "kbtorch.tensor.dispatch" in found

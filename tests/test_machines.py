@@ -72,6 +72,29 @@ def test_attention_numerics(die):
     assert run.latency_ns > 0 and run.op == "attention prefill"
 
 
+def test_attention_costs_pages_and_control_overheads_are_the_machines(die):
+    """The numbers kernels once held as constants are read from the file: change one there
+    and the simulated figure follows."""
+    from kbtorch.ops.attention_kernel import math_costs
+    from kbtorch.ops.gemm_model import estimate
+    from kbtorch.ops.gemm_plan import GemmTiling
+    from kbtorch.ops.layout import page_align, tcm_align, tcm_budget
+    assert math_costs(die, 0) == {"softmax": 6, "mask": 1, "merge": 2, "merge_row": 6}
+    assert page_align(die, 1) == die.page_bytes == 4096 and tcm_align(die, 0, 1) == die.flit_bytes == 128
+    assert tcm_budget(die, 0) == die.capacity("tcm", 0) - 4096
+    assert die.control_ps(0) == 4000                   # the cpu's 3 ns and the scheduler's 1 ns
+    shape = dict(shape=(1, 4, 4, 64, 256, 64), is_causal=True)
+    base = attention(machine=die, **shape)
+    dear = load_machine(die.path, overrides={"components.tvp.flops_per_element.attn_softmax": 60})
+    assert attention(machine=dear, **shape).latency_ps > base.latency_ps
+    slow = load_machine(die.path, overrides={"components.cpu.overhead_ns": 13})
+    tiling = GemmTiling((2, 4, 1), (128, 64, 128))
+    a, b = (estimate(m, 256, 256, 256, "f16", list(range(8)), tiling) for m in (die, slow))
+    assert b.ns == pytest.approx(a.ns + 10)            # the estimate's first issue waits 10 ns more
+    paged = load_machine(die.path, overrides={"machine.page_bytes": 1 << 20})
+    assert tcm_budget(paged, 0) == die.capacity("tcm", 0) - (1 << 20)
+
+
 def test_vector_op_cost_is_the_machines(die):
     cheap, dear = (elementwise(op, 1 << 16, inputs=1, machine=die) for op in ("add", "gelu"))
     assert dear.flops == 6 * cheap.flops and dear.latency_ps >= cheap.latency_ps

@@ -67,7 +67,7 @@ def test_launch_is_modeled(chip):
 
 
 def test_launch_node_must_exist(tmp_path):
-    text = (ROOT / "topologies" / "maia200.toml").read_text().replace('node = "dcp"', 'node = "nowhere"')
+    text = (ROOT / "kbtorch" / "topologies" / "maia200.toml").read_text().replace('node = "dcp"', 'node = "nowhere"')
     path = tmp_path / "bad.toml"
     path.write_text(text)
     with pytest.raises(TopologyError, match="no node 'nowhere'"):

@@ -45,7 +45,9 @@ REQUIRED = ("add", "sub", "mul", "div", "neg", "exp", "rsqrt", "sqrt", "where", 
             "layer_norm", "rms_norm", "softmax", "log_softmax", "sum", "mean", "amax", "amin", "max", "min", "argmax",
             "argmin", "var", "std", "cumsum", "topk", "split", "chunk", "stack", "cat", "narrow", "expand", "repeat",
             "tril", "triu", "flip", "roll", "gather", "scatter", "index_select", "index_put", "zeros_like",
-            "ones_like", "full_like", "mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "embedding", "clone")
+            "ones_like", "full_like", "mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "embedding", "clone",
+            # MoE routing (Qwen3-MoE, OLMoE, DeepSeek-V3): counts, sorts, scatters, grouped GEMMs
+            "histc", "bincount", "sort", "scatter_add", "_grouped_mm")
 
 
 def _claimed() -> set:

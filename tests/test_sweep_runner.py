@@ -57,10 +57,11 @@ def test_cli_json_export_and_plots(tmp_path, capsys):
     spec = _spec(tmp_path, '[axes]\nlinks.noc.bw_gbps = [128, 256]\nhbm = { path = "components.hbm_slice.channel_gbps", '
                  'scale = [0.5, 1] }\n[workloads.v]\nop = "vector"\nn = 4096\n[workloads.bad]\nfn = "sweep_helper:boom"\n')
     assert main(["sweep", str(spec), "--workers", "1", "--json", "--export", "csv", str(tmp_path / "out.csv"),
-                 "--plot", str(tmp_path / "plots")]) == 0
+                 "--plot", str(tmp_path / "plots")]) == 1          # NOTE: 1: some points failed
     out, err = capsys.readouterr()
     data = json.loads(out)
     assert data["points"] == 8 and data["ran"] == 8 and len(data["failed"]) == 4 and err == ""
+    assert data["causes"] == [{"error": "RuntimeError: no luck with 1", "points": 4, "workloads": ["bad"]}]
     assert (tmp_path / "out.csv").read_text().count("\n") == 9
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "study_hbm.png", "study_heatmap.png", "study_links_noc_bw_gbps.png", "study_sensitivity.png"]

@@ -31,6 +31,7 @@ def mesh_topology(rows: int, cols: int, pes: int) -> str:
 [machine]
 name = "mesh{rows}x{cols}x{pes}"
 flit_bytes = 256
+page_bytes = 4096
 clock_ghz = 1.0
 top = "system"
 pe_block = "pe"

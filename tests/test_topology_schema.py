@@ -10,7 +10,7 @@ from kbtorch.topology.loader import load_raw
 HBM = 'hbm_slice = { kind = "hbm", overhead_ns = 0, channels = 2, channel_gbps = 128, burst_bytes = 256, capacity_gib = 1 }'
 TCM = 'tcm = { kind = "tcm", overhead_ns = 0, capacity_mib = 16, scratch_mib = 1 }'
 GEMM = 'gemm = { kind = "gemm", overhead_ns = 0, tflops = { f16 = 8.0, bf16 = 8.0, fp32 = 2.0 } }'
-FPE = ', flops_per_element = { add = 1, mul = 1, max = 1, exp = 4, silu = 5, gelu = 8, rsqrt = 4, div = 1, cmp = 1, select = 1, round = 1, fma = 2, transcendental = 8, sqrt = 4, reduce = 1, var = 3, logsumexp = 6, sort = 16, softmax = 8, log_softmax = 9, rms_norm = 5, layer_norm = 8 }'
+FPE = ', flops_per_element = { add = 1, mul = 1, max = 1, exp = 4, silu = 5, gelu = 8, rsqrt = 4, div = 1, cmp = 1, select = 1, round = 1, fma = 2, transcendental = 8, sqrt = 4, reduce = 1, var = 3, logsumexp = 6, sort = 16, softmax = 8, log_softmax = 9, rms_norm = 5, layer_norm = 8, attn_softmax = 8, attn_mask = 1, attn_merge = 2, attn_merge_row = 8 }'
 NOC = 'noc = { kind = "noc", bw_gbps = 256, prop_ns = 0 }'
 PE_ARRAY = 'arrays = { pe = { block = "pe", count = 2 } }'
 CHIP_ARRAY = 'arrays = { chip = { block = "chip", count = 2,'
@@ -35,6 +35,8 @@ BAD = {
     "route_reset typo": ([("route_reset =", "route_reest =")], "machine.route_reest", "did you mean 'route_reset'"),
     "route_order not list": ([('route_order = ["x", "chip"]', 'route_order = "x"')], "machine.route_order", "list of strings"),
     "missing machine name": ([('name = "tiny"', "")], "machine", "missing field 'name'"),
+    "missing page": ([("page_bytes = 4096", "")], "machine", "missing field 'page_bytes'"),
+    "page float": ([("page_bytes = 4096", "page_bytes = 4096.0")], "machine.page_bytes", "positive integer"),
     "issue negative": ([("fixed_cycles = 40", "fixed_cycles = -40")], "issue.fixed_cycles", "non-negative"),
     "cap float": ([("composite_cap_bytes = 1024", "composite_cap_bytes = 1024.5")], "issue.composite_cap_bytes", "integer"),
     "unknown section": ([("[issue]", "[extra]\nx = 1\n\n[issue]")], "extra", "unknown key"),

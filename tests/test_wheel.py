@@ -5,7 +5,8 @@ helpers, the main example by path).
 Marked ``wheel`` and run only with KBTORCH_WHEEL_TEST=1 (.ci/run's step after the tests): it
 builds and installs the package (about a minute). NOTE: the fresh venv reuses the running
 environment's dependencies (torch, transformers, ...) through a .pth file instead of
-installing torch again (minutes); kbtorch itself comes only from the wheel, and the checkout
+installing torch again (minutes): kbtorch is installed without them, then the .pth added;
+kbtorch itself comes only from the wheel, and the checkout
 is never on the path (no PYTHONPATH, the working directory elsewhere).
 """
 import json
@@ -50,8 +51,10 @@ def installed(tmp_path_factory):
     python = env_dir / "bin" / "python"
     purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([python, "-m", "pip", "install", "--no-input", "-q", "--no-deps", str(src)], check=True, env=_env())
+    # NOTE: written after the install, so that pip never sees the parent's own kbtorch (an
+    # editable install in CI's .venv); the venv's site-packages stays first on the path.
     Path(purelib, "_deps_from_parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    subprocess.run([python, "-m", "pip", "install", "--no-input", "-q", str(src)], check=True, env=_env())
     run_dir = base / "elsewhere"
     run_dir.mkdir()
     return python, run_dir

@@ -1,8 +1,10 @@
 """Unmodified Hugging Face causal LMs on ahbm, built from configs (never downloaded).
 
-``CONFIGS`` names full-size configurations (Qwen2.5-7B, Llama-3-8B, Mistral-7B, the
-Mixtral-8x7B mixture of experts) and ``tiny`` ones of the same families (2 layers, small
-widths) for numerics. ``build`` makes the model: tiny ones with seeded random weights (and
+``CONFIGS`` names full-size configurations (Qwen2.5-7B and -72B, Llama-3-8B and -70B,
+Mistral-7B, the mixtures of experts Mixtral-8x7B and -8x22B, Qwen3-30B-A3B and DeepSeek-V3
+with multi-head latent attention) and ``tiny-FAMILY`` ones of those families and OLMoE (2
+layers, small widths) for numerics; any other causal LM comes from its config.json or a
+local snapshot folder (``AutoConfig``, ``AutoModelForCausalLM.from_config``). ``build`` makes the model: tiny ones with seeded random weights (and
 a CPU copy to check against), full-size ones on the meta device for timing-only runs (no
 weight is ever materialised). ``place_tp`` places a model on ahbm as
 ``kbtorch.models.qwen2.tensor_parallel`` does a decoder layer (column-parallel q/k/v/gate/up,
@@ -19,20 +21,21 @@ import torch
 
 from .qwen2 import COLUMN, ROW
 
-#: name -> (transformers config class, model class, config arguments)
-FAMILIES = {
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-    "llama": ("LlamaConfig", "LlamaForCausalLM"),
-    "mistral": ("MistralConfig", "MistralForCausalLM"),
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
-}
+#: Presets: name -> (``model_type``, config arguments), the published config.json values of
+#: each model (architecture only; no weights are ever read).
 CONFIGS = {
     "qwen2.5-7b": ("qwen2", dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                                  num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
                                  rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=32768)),
+    "qwen2.5-72b": ("qwen2", dict(hidden_size=8192, intermediate_size=29568, num_hidden_layers=80,
+                                  num_attention_heads=64, num_key_value_heads=8, vocab_size=152064,
+                                  rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=32768)),
     "llama3-8b": ("llama", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                 num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                                 rope_theta=500_000.0, rms_norm_eps=1e-5, max_position_embeddings=8192)),
+    "llama3-70b": ("llama", dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                                 num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
+                                 rope_theta=500_000.0, rms_norm_eps=1e-5, max_position_embeddings=8192)),
     "mistral-7b": ("mistral", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                    num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
                                    rms_norm_eps=1e-5, max_position_embeddings=32768, sliding_window=None)),
@@ -40,47 +43,92 @@ CONFIGS = {
                                      num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
                                      num_local_experts=8, num_experts_per_tok=2, rope_theta=1_000_000.0,
                                      rms_norm_eps=1e-5, max_position_embeddings=32768)),
+    "mixtral-8x22b": ("mixtral", dict(hidden_size=6144, intermediate_size=16384, num_hidden_layers=56,
+                                      num_attention_heads=48, num_key_value_heads=8, vocab_size=32768,
+                                      num_local_experts=8, num_experts_per_tok=2, rope_theta=1_000_000.0,
+                                      rms_norm_eps=1e-5, max_position_embeddings=65536)),
+    "qwen3-30b-a3b": ("qwen3_moe", dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                                        head_dim=128, vocab_size=151936, num_experts=128, num_experts_per_tok=8,
+                                        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                                        rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=40960)),
+    "deepseek-v3": ("deepseek_v3", dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                                        num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
+                                        vocab_size=129280, n_routed_experts=256, n_shared_experts=1,
+                                        num_experts_per_tok=8, n_group=8, topk_group=4, first_k_dense_replace=3,
+                                        routed_scaling_factor=2.5, norm_topk_prob=True, kv_lora_rank=512,
+                                        q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                                        rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=163840,
+                                        rope_scaling=dict(type="yarn", factor=40.0, beta_fast=32, beta_slow=1,
+                                                          mscale=1.0, mscale_all_dim=1.0,
+                                                          original_max_position_embeddings=4096))),
 }
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=128, max_position_embeddings=256)
-TINY_EXTRA = {"mixtral": dict(num_local_experts=4, num_experts_per_tok=2), "mistral": dict(sliding_window=None)}
+#: Tiny presets ``tiny-FAMILY``: TINY plus each family's own fields (small routers, MLA ranks).
+TINY_EXTRA = {
+    "qwen2": {}, "llama": {}, "mistral": dict(sliding_window=None),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "qwen3-moe": dict(model_type="qwen3_moe", moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                      head_dim=16, decoder_sparse_step=1, mlp_only_layers=[]),
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2),
+    "deepseek-v3": dict(model_type="deepseek_v3", num_key_value_heads=4, moe_intermediate_size=32,
+                        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+                        first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+                        qk_nope_head_dim=16, v_head_dim=16),
+}
 #: token ids no test prompt uses: generation never stops early.
 EOS = 1
 
 
 def config(name: str):
-    """The transformers config of ``name`` (a key of ``CONFIGS``, or ``tiny-FAMILY``)."""
+    """The transformers config of ``name``: a preset (a key of ``CONFIGS``, or ``tiny-FAMILY``
+    of ``TINY_EXTRA``), a config.json, or a local snapshot folder holding one. Never a
+    download: files are read with ``local_files_only`` and HF_HUB_OFFLINE set."""
+    import os
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
-    if name.startswith("tiny-"):
-        family = name.removeprefix("tiny-")
-        args = dict(TINY, **TINY_EXTRA.get(family, {}))
-    else:
-        family, args = CONFIGS[name]
-    cls = getattr(transformers, FAMILIES[family][0])
-    if family == "mixtral":
-        # NOTE: the experts loop (routing by topk, dispatch by index ops), not grouped_mm.
-        args = dict(args, experts_implementation="eager")
-    return family, cls(**args, attn_implementation="sdpa", eos_token_id=EOS, pad_token_id=0, bos_token_id=EOS,
-                       tie_word_embeddings=False)
+    if name in CONFIGS or name.removeprefix("tiny-") in TINY_EXTRA and name.startswith("tiny-"):
+        if name in CONFIGS:
+            model_type, args = CONFIGS[name]
+        else:
+            args = dict(TINY, **TINY_EXTRA[name.removeprefix("tiny-")])
+            model_type = args.pop("model_type", name.removeprefix("tiny-"))
+        if model_type == "mixtral":
+            # NOTE: the experts loop (routing by topk, dispatch by index ops), not grouped_mm.
+            args = dict(args, experts_implementation="eager")
+        return transformers.AutoConfig.for_model(model_type, **args, attn_implementation="sdpa", eos_token_id=EOS,
+                                                 pad_token_id=0, bos_token_id=EOS, tie_word_embeddings=False)
+    path = os.path.expanduser(name)
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"model '{name}': the folder has no config.json")
+    if not os.path.exists(path):
+        presets = ", ".join([*CONFIGS, *(f"tiny-{f}" for f in TINY_EXTRA)])
+        raise ValueError(f"model '{name}': not a preset ({presets}), a config.json or a folder holding one")
+    try:
+        cfg = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"model '{name}': {str(exc).splitlines()[0]}") from None
+    cfg._attn_implementation = "sdpa"
+    return cfg
 
 
 def build(name: str, dtype=torch.float32, timing_only: bool = False, seed: int = 0):
-    """(model on CPU or meta, CPU copy for a check or None), in eval mode."""
+    """(model on CPU or meta, CPU copy for a check or None), in eval mode: any causal LM
+    ``AutoModelForCausalLM`` builds from the config of ``name`` (see ``config``)."""
     import transformers
-    family, cfg = config(name)
-    cls = getattr(transformers, FAMILIES[family][1])
+    cfg = config(name)
     if timing_only:
         with torch.device("meta"):
-            return cls(cfg).to(dtype).eval(), None
+            return transformers.AutoModelForCausalLM.from_config(cfg).to(dtype).eval(), None
     torch.manual_seed(seed)
-    model = cls(cfg).to(dtype).eval()
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
     return model, copy.deepcopy(model)
 
 
 def place_tp(model):
     """Place ``model``'s parameters (on ahbm) as the module docstring says. Returns it."""
     import kbtorch
-    from kbtorch.tensor.placement import default_spec
     machine = kbtorch.current_machine()
     n = len(machine.pes)
     mesh = kbtorch.Mesh(tuple(range(n)), (n,))
@@ -92,7 +140,7 @@ def place_tp(model):
             elif leaf in ROW and pname == "weight":
                 placed = kbtorch.Shard(1)
             else:
-                placed = default_spec(machine, tuple(p.shape)).placements[0]
+                placed = kbtorch.default_spec(machine, tuple(p.shape)).placements[0]
             setattr(sub, pname, torch.nn.Parameter(kbtorch.distribute_tensor(p.data, mesh, [placed]),
                                                    requires_grad=False))
     return model

@@ -34,9 +34,12 @@ import torch
 from .. import limits
 from ..kernel import launch
 from . import attention_kernel as ak
-from .attention_plan import ACC_BYTES, AttentionShape, AttentionTiling, decode_plan, prefill_plan
-from .contract import DTYPES, OpFamily, OpRun, Param, as_machine, dtype_of, register
+from .attention_plan import AttentionShape, AttentionTiling, decode_plan, prefill_plan
+from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, check_pes, dtype_of, register
+from .layout import ACC_BYTES
 
+# NOTE: tiling choices of the kernel (block sizes, chunking, team fan-out), not hardware:
+# every hardware number the plans use is asked of the machine.
 DECODE_MAX_LQ = 16
 BR_CHOICES = (4, 8, 16, 32, 64, 128, 256)
 MAX_ROWS = 512
@@ -95,7 +98,7 @@ def _plan(machine, shape: AttentionShape, tiling: AttentionTiling, pes: list) ->
 def _fits(machine, shape, works) -> bool:
     cap = machine.capacity("tcm", works[0].pe)
     unique = {_signature(w): w for w in works}
-    return all(ak.Layout(w, shape).tcm_bytes() <= cap for w in unique.values())
+    return all(ak.Layout(machine, w, shape).tcm_bytes() <= cap for w in unique.values())
 
 
 def candidates(shape: AttentionShape, pes: list) -> list[AttentionTiling]:
@@ -166,13 +169,14 @@ def _pe_estimate(machine, shape, w, own: float, up: float, ctrl_bytes: int) -> t
     m = shape.group * max(it.positions for it in w.items)
     read = _read_bytes(w, shape)
     hbm = min(own, up * read / ctrl_bytes)
+    flops = ak.math_costs(machine, w.pe)
 
     def tile(keys: int) -> tuple[float, float]:         # (GEMM: Q K^T + P V, MATH: softmax) of one tile
         mm = 2 * m * keys * d / gemm
         return (max(mm, (m + keys) * d * eb / tcm, m * keys * ACC_BYTES / tcm) + max(mm, (m + d) * keys * eb / tcm),
-                max(ak.SOFTMAX_FLOPS * m * keys / vec, 2 * m * keys * ACC_BYTES / tcm))
+                max(flops["softmax"] * m * keys / vec, 2 * m * keys * ACC_BYTES / tcm))
 
-    fold = max(2 * m * (d + 2) * ACC_BYTES / tcm, ak.MERGE_FLOPS * m * d / vec)
+    fold = max(2 * m * (d + 2) * ACC_BYTES / tcm, flops["merge"] * m * d / vec)
     runs = [(n, keys) for c in w.chunks for n, keys in c.runs]
     t_gemm = sum(n * tile(keys)[0] for n, keys in runs)
     t_math = sum(n * tile(keys)[1] for n, keys in runs) + fold * sum(1 for c in w.chunks if not c.first)
@@ -271,19 +275,8 @@ def attention(q=None, k=None, v=None, *, shape=None, is_causal=False, scale=None
     (tensors), or a timing-only run of ``shape=(B, Hq, Hkv, Lq, Lk, D)``; see the module doc."""
     machine = as_machine(machine)
     base, timing_only = _shape_of(q, k, v, shape, dtype)
-    if base.hq % base.hkv:
-        raise ValueError(f"attention: Hq={base.hq} query heads are not a multiple of Hkv={base.hkv} kv heads")
     sh = AttentionShape(base.b, base.hq, base.hkv, base.lq, base.lk, base.d, bool(is_causal), base.dtype)
-    pes = list(range(len(machine.pes))) if pes is None else list(pes)
-    if not pes:
-        raise ValueError("attention: pes is empty")
-    # NOTE: a lower bound of what the PEs hold: Q, K, V and the output spread evenly over them.
-    need = (2 * sh.b * sh.hq * sh.lq + 2 * sh.b * sh.hkv * sh.lk) * sh.d * sh.eb
-    limits.check_hbm(machine, pes, -(-need // len(pes)), f"attention {base}")
-    # NOTE: a lower bound of the tiles any tiling makes: key tiles of the largest size times
-    # row blocks of the most rows.
-    tiles = sh.b * sh.hkv * -(-sh.lk // max(DECODE_BC, PREFILL_BC)) * -(-sh.lq * sh.group // MAX_ROWS)
-    limits.check("tiles", tiles, f"attention {base}")
+    pes = checked(machine, sh, pes)
     tiling = tiling or auto_tiling(machine, sh, pes)
     kind, works = _plan(machine, sh, tiling, pes)
     if not _fits(machine, sh, works):
@@ -301,6 +294,22 @@ def attention(q=None, k=None, v=None, *, shape=None, is_causal=False, scale=None
                         kind=kind, shape=sh, tiling=tiling, out=out)
 
 
+def checked(machine, sh: AttentionShape, pes) -> list:
+    """The checks before any work -> the PEs: GQA ratio, PEs, HBM capacity, tile limit."""
+    if sh.hq % sh.hkv:
+        raise ValueError(f"attention: Hq={sh.hq} query heads are not a multiple of Hkv={sh.hkv} kv heads")
+    pes = check_pes(machine, pes, "attention")
+    # NOTE: a lower bound of what the PEs hold: Q, K, V and the output spread evenly over them.
+    need = (2 * sh.b * sh.hq * sh.lq + 2 * sh.b * sh.hkv * sh.lk) * sh.d * sh.eb
+    what = f"attention B={sh.b} Hq={sh.hq} Hkv={sh.hkv} Lq={sh.lq} Lk={sh.lk} D={sh.d} {sh.dtype}"
+    limits.check_hbm(machine, pes, -(-need // len(pes)), what)
+    # NOTE: a lower bound of the tiles any tiling makes: key tiles of the largest size times
+    # row blocks of the most rows.
+    tiles = sh.b * sh.hkv * -(-sh.lk // max(DECODE_BC, PREFILL_BC)) * -(-sh.lq * sh.group // MAX_ROWS)
+    limits.check("tiles", tiles, what)
+    return pes
+
+
 def reference(q, k, v, is_causal: bool = False, scale=None) -> torch.Tensor:
     """The definition of the numerics: torch's SDPA (GQA heads repeated), in fp32, cast back."""
     import torch.nn.functional as F
@@ -313,9 +322,32 @@ def _timing(machine=None, b=1, hq=1, hkv=1, lq=1, lk=1, d=128, causal=False, **k
     return attention(shape=(b, hq, hkv, lq, lk, d), is_causal=causal, machine=machine, **kw)
 
 
+def _check(machine=None, b=1, hq=1, hkv=1, lq=1, lk=1, d=128, causal=False, dtype=None, pes=None, **_) -> None:
+    """The timing-only run's checks before any work."""
+    base, _ = _shape_of(None, None, None, (b, hq, hkv, lq, lk, d), dtype)
+    checked(as_machine(machine), AttentionShape(b, hq, hkv, lq, lk, d, bool(causal), base.dtype), pes)
+
+
+def _numeric(machine=None, b=1, hq=1, hkv=1, lq=1, lk=1, d=128, causal=False, dtype="f16", **kw) -> tuple:
+    """(run, output, reference): the family on seeded random Q, K, V."""
+    g, t = torch.Generator().manual_seed(0), DTYPES[dtype].torch
+    q, k, v = (torch.randn(b, h, n, d, generator=g).to(t) for h, n in ((hq, lq), (hkv, lk), (hkv, lk)))
+    run = attention(q, k, v, is_causal=causal, machine=machine, **kw)
+    return run, run.out, reference(q, k, v, causal)
+
+
+# NOTE: tolerance: the per-PE estimate against the simulation of the samples: tiny -30%,
+# diewide -53% (the estimate leaves out the queueing at the shared memory, as GEMM's does).
+# atol: online softmax in fp32 over tiles, output rounded to f16 (tests/test_attention.py).
 register(OpFamily("attention", _timing, reference, (
     Param("b", "int", 1, "batch"), Param("hq", "int", required=True, help="query heads"),
     Param("hkv", "int", required=True, help="key/value heads"), Param("lq", "int", required=True, help="query length"),
     Param("lk", "int", required=True, help="key length"), Param("d", "int", 128, "head dimension"),
     Param("causal", "flag", False, "causal mask"), Param("dtype", "dtype", "f16"), Param("pes", "pes")),
-    help="fused attention: FlashAttention-style prefill, split-KV decode"))
+    help="fused attention: FlashAttention-style prefill, split-KV decode",
+    samples=(Sample(dict(hq=4, hkv=2, lq=128, lk=128, d=64, causal=True)),
+             Sample(dict(hq=8, hkv=2, lq=1, lk=1024, d=64, dtype="bf16"))),
+    bad=(Sample(dict(hq=3, hkv=2, lq=1, lk=8), "hkv"), Sample(dict(hq=2, hkv=2, lq=0, lk=8), "lq"),
+         Sample(dict(hq=2, hkv=2, lq=1, lk=8, pes=[]), "pes"),
+         Sample(dict(hq=2, hkv=2, lq=1, lk=8, dtype="x"), "dtype")),
+    tolerance=0.55, numeric=_numeric, atol=2e-2, check=_check))

@@ -34,28 +34,30 @@ members of other teams send the result to the same member of team 0 (``rb``), wh
 over the teams, normalises and writes its output columns.
 
 NOTE: the softmax of a chunk needs its row max before any exponential, so ``SM`` fetches
-each S tile twice (max pass, exp pass); its MATH work is ``SOFTMAX_FLOPS`` per score (max 1,
-scale-and-subtract 2, exp 4, sum 1) plus ``MASK_FLOPS`` on chunks that hold the diagonal.
+each S tile twice (max pass, exp pass); its MATH work per score is the machine's
+``attn_softmax`` (``flops_per_element``: max, scale-and-subtract, exp, sum) plus
+``attn_mask`` on chunks that hold the diagonal; a merge costs ``attn_merge`` per output
+element and ``attn_merge_row`` per row (max, exp of the difference, sum update) and merged
+partial. TCM buffers are whole granules of the TCM, HBM regions whole pages (``layout``).
 """
 from __future__ import annotations
 
 from ..sim.commands import Loc, Move, Signal, Wait
-from .attention_plan import ACC_BYTES, AttentionShape, Work
+from .attention_plan import AttentionShape, Work
+from .layout import ACC_BYTES, page_align, tcm_align
 
+# NOTE: buffering choices of the kernel (slots, lookahead, merge tiles), not hardware.
 KV_SLOTS = 3
 RING_BYTES = 4 * 2**20
 LOOKAHEAD = 3
 OPARTS = 3
-SOFTMAX_FLOPS = 8
-MASK_FLOPS = 1
-MERGE_FLOPS = 2          # per output element and merged partial: scale, add
-ROW_FLOPS = 8            # per row and merged partial: max, exp of the difference, sum update
 MERGE_TILES = 4
-HBM_ALIGN = 4096
 
 
-def _align(n: int, a: int = 256) -> int:
-    return -(-n // a) * a
+def math_costs(machine, pe: int) -> dict:
+    """The MATH flops of the kernel's softmax, mask and merges on PE ``pe`` (the machine's
+    ``flops_per_element``: ``attn_softmax``, ``attn_mask``, ``attn_merge``, ``attn_merge_row``)."""
+    return {op: machine.math_flops(f"attn_{op}", pe) for op in ("softmax", "mask", "merge", "merge_row")}
 
 
 def merge_tiles(rows: int, d: int) -> int:
@@ -71,20 +73,21 @@ class Layout:
 
     TCM_ORDER = ("slots", "head", "kv", "s", "p", "opart", "oacc", "out")
 
-    def __init__(self, work: Work, shape: AttentionShape):
+    def __init__(self, machine, work: Work, shape: AttentionShape):
         d, eb = shape.d, shape.eb
+        self.machine, self.pe = machine, work.pe
         self.rows = shape.group * max(it.positions for it in work.items)
-        self.partial = _align(self.rows * (d + 2) * ACC_BYTES)
+        self.partial = tcm_align(machine, work.pe, self.rows * (d + 2) * ACC_BYTES)
         t = work.tree
-        self.slot = _align(self.rows * (t.columns(d, 0)[1] + 2) * ACC_BYTES) if t else 0
+        self.slot = tcm_align(machine, work.pe, self.rows * (t.columns(d, 0)[1] + 2) * ACC_BYTES) if t else 0
         tree_slots = (t.size - 1 + (t.teams - 1 if t.team == 0 else 0)) if t else 0
         self.key_bytes = 2 * d * eb
         self.q_bytes = [shape.group * it.positions * d * eb for it in work.items]
         self.base, off = [], 0
         for it, q in zip(work.items, self.q_bytes):
             self.base.append(off)
-            off += _align(q + (it.k1 - it.k0) * self.key_bytes, HBM_ALIGN)
-        self.o0, self.o_stride = off, _align(self.rows * d * eb, HBM_ALIGN)
+            off += page_align(machine, q + (it.k1 - it.k0) * self.key_bytes)
+        self.o0, self.o_stride = off, page_align(machine, self.rows * d * eb)
         keys = max(c.keys for c in work.chunks)
         ring = sum(1 for c in work.chunks if not c.first)
         self.slots = ring if ring * keys * self.key_bytes <= RING_BYTES else KV_SLOTS
@@ -95,7 +98,7 @@ class Layout:
                       "out": 2 * self.rows * d * eb}
 
     def tcm_bytes(self) -> int:
-        return sum(_align(n) for n in self.sizes.values() if n)
+        return sum(tcm_align(self.machine, self.pe, n) for n in self.sizes.values() if n)
 
     def allocate(self, ctx) -> dict:
         """The HBM region of the items and outputs (``hbm``), then the TCM buffers."""
@@ -124,7 +127,8 @@ def attention_kernel(ctx, works: dict, shape: AttentionShape) -> None:
 class _Program:
     def __init__(self, ctx, work: Work, shape: AttentionShape):
         self.ctx, self.work, self.shape = ctx, work, shape
-        self.lay = Layout(work, shape)
+        self.lay = Layout(ctx.machine, work, shape)
+        self.flops = math_costs(ctx.machine, ctx.pe)
         self.buf = self.lay.allocate(ctx)
         self.last_chunk = {c.item: x for x, c in enumerate(work.chunks)}
         self.ring: dict = {}
@@ -204,7 +208,7 @@ class _Program:
 
     def sm(self, x: int) -> None:
         m, eb = self.rows(x), self.shape.eb
-        per = SOFTMAX_FLOPS + (MASK_FLOPS if self.work.chunks[x].masked else 0)
+        per = self.flops["softmax"] + (self.flops["mask"] if self.work.chunks[x].masked else 0)
         # NOTE: P slot x % 2 was read by PV(x - 2), which ran before QK(x) on the GEMM engine.
         self._runs(x, "math", "SM", (Wait("qk", x + 1, 0),), ("sm",), lambda n, keys, r: dict(
             dtype="fp32", fetch_bytes=2 * m * keys * ACC_BYTES, flops=per * m * keys, store_bytes=m * keys * eb))
@@ -237,7 +241,8 @@ class _Program:
         final = ch.last
         out = elems * eb if final else (elems + stats) * ACC_BYTES
         writes = (Move(self.buf["hbm"].loc(self.lay.o_addr(ch.item)), out, out),) if final else ()
-        flops = (MERGE_FLOPS * elems + ROW_FLOPS * stats // 2 if merge else 0) + (elems if final else 0)
+        flops = (self.flops["merge"] * elems + self.flops["merge_row"] * stats // 2 if merge else 0) + \
+            (elems if final else 0)
         self.ctx.composite(tiles=t, staging=self.buf["out"].loc(), engine="math", dtype="fp32",
                            fetch_bytes=(2 if merge else 1) * (elems + stats) * ACC_BYTES, flops=flops,
                            store_bytes=out, writes=writes, wait=Wait("pv", x + 1, 0), signal=self._freed(x),
@@ -256,7 +261,8 @@ class _Program:
         if t.size == 1 and t.team:
             writes.append(Move(self._slot(t.pes[0], t.team - 1), self._slice(0)))
             notify.append((t.pes[0], "rb"))
-        part, flops = m * (d + 2) * ACC_BYTES, m * (MERGE_FLOPS * d + ROW_FLOPS) if merge else 0
+        part = m * (d + 2) * ACC_BYTES
+        flops = m * (self.flops["merge"] * d + self.flops["merge_row"]) if merge else 0
         self.ctx.composite(tiles=1, staging=self.buf["out"].loc(), engine="math", dtype="fp32",
                            fetch_bytes=(2 if merge else 1) * part, flops=flops,
                            store_bytes=part, writes=tuple(writes), notify=tuple(notify), wait=Wait("pv", x + 1, 0),
@@ -286,7 +292,7 @@ class _Program:
         elif send:
             leader = t.pes[t.member]
             writes, notify = (Move(self._slot(leader, t.size - 1 + t.team - 1), out),), ((leader, "rb"),)
-        flops = (parts - 1) * m * (MERGE_FLOPS * cols + ROW_FLOPS) + (m * cols if final else 0)
+        flops = (parts - 1) * m * (self.flops["merge"] * cols + self.flops["merge_row"]) + (m * cols if final else 0)
         self.ctx.composite(tiles=1, staging=self.buf["out"].loc(), engine="math", dtype="fp32",
                            fetch_bytes=parts * self._slice(t.member), flops=flops, store_bytes=out, writes=writes,
                            notify=notify, wait=waits, label=label + (" out" if final else ""))

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 
 from .contract import DTYPES
 
-ACC_BYTES = 4
 #: Grouped dealing (identical groups) is kept if its busiest PE has at most this much more work.
 GROUPED_SLACK = 1.02
 
@@ -83,7 +82,8 @@ class AttentionTiling:
     ``chunk`` tiles per softmax step, ``tail`` keys of a PE's last chunk and ``shrink`` the
     ratio of the chunks before it (see ``chunk_sizes``); decode: ``split`` PEs per (batch,
     kv head), at most ``fan`` per team of the merge (see ``Tree``), and ``turns``: PEs that
-    share an HBM controller take turns on it (see ``decode_plan``)."""
+    share an HBM controller take turns on it (see ``decode_plan``). NOTE: the defaults are
+    tiling choices, not hardware."""
 
     br: int
     bc: int

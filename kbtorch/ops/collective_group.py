@@ -58,11 +58,11 @@ def resolve_group(machine, spec) -> tuple:
     n_pes = len(machine.pes)
     if isinstance(spec, str) and spec == "all":
         pes = tuple(range(n_pes))
-    elif isinstance(spec, str) and re.fullmatch(r"[\d,\s-]+", spec):
+    elif isinstance(spec, str) and re.fullmatch(r"[\d,\s-]+", spec, re.ASCII):
         pes = []
         for item in filter(None, (x.strip() for x in spec.split(","))):
             a, dash, b = item.partition("-")
-            if not a.isdigit() or (dash and not b.isdigit()):
+            if not (a.isascii() and a.isdigit()) or (dash and not (b.isascii() and b.isdigit())):
                 raise CollectiveError(f"group '{spec}': cannot read '{item}' (expected N or N-M)")
             if dash and int(b) < int(a):
                 raise CollectiveError(f"group '{spec}': range '{item}' runs backwards")
@@ -83,7 +83,7 @@ def resolve_group(machine, spec) -> tuple:
 
 
 def _level_group(machine, spec: str) -> tuple:
-    name, _, index = spec.partition(":")
+    name, colon, index = spec.partition(":")
     known = []
     for lv, _ in _levels(machine.pes[0]):
         if lv not in known:
@@ -97,8 +97,11 @@ def _level_group(machine, spec: str) -> tuple:
         key = tuple(part for _, part in _levels(pe)[:depth])
         instances.setdefault(key, []).append(pe.id)
     keys = list(instances)
-    k = int(index) if index.isdigit() else 0
-    if index and not index.isdigit() or k >= len(keys):
+    if colon and not (index.isascii() and index.isdigit()):
+        raise CollectiveError(f"group '{spec}': expected an instance number after ':' "
+                              f"('{name}' has instances 0..{len(keys) - 1})")
+    k = int(index) if index else 0
+    if k >= len(keys):
         raise CollectiveError(f"group '{spec}': '{name}' has instances 0..{len(keys) - 1}")
     return tuple(instances[keys[k]])
 
@@ -127,6 +130,7 @@ def make_grid(machine, pes: tuple) -> Grid:
     for k in varying:
         size *= len(vals[k])
     if not varying or size != len(pes) or len(combos) != len(pes):
+        # NOTE: 16 bounds the greedy ring search's cost (quadratic in members), not hardware
         order = _greedy(machine, list(pes)) if len(pes) <= 16 else list(range(len(pes)))
         coords = tuple((order.index(m),) for m in range(len(pes)))
         return Grid(tuple(pes), ("member",), (len(pes),), coords, order)

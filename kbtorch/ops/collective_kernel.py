@@ -30,7 +30,7 @@ from collections import Counter
 from ..sim.commands import Move, Signal, Wait
 from .collective_layout import ROUND, KernelLayout
 
-MAX_WRITES = 3
+MAX_WRITES = 3          # NOTE: a kernel choice (writes per composite), not hardware
 
 
 class _TooManyWaits(Exception):

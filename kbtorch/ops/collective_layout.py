@@ -16,14 +16,18 @@ from ..kernel import contexts
 from ..runtime.memory import AllocationError
 from ..sim.commands import Loc
 from .collective_plan import CollectiveError, Schedule
+from .layout import page_align, tcm_budget, tcm_granule
 
+# NOTE: buffering and packet choices of the kernel, not hardware (the TCM's size and granule
+# and the page come from the machine, through ``layout``).
 ROUND = 4
 SLOTS = 2 * ROUND + 1
 MAX_PACKET = 2**20
 #: Up to this many bytes per member, values between steps stay in a TCM buffer instead of
 #: HBM scratch (small collectives are latency-bound: no HBM round trip per step).
 TCM_VALUES = 256 * 1024
-PAGE = 4096
+#: Packets of the composite staging area in TCM.
+STAGING_PACKETS = 4
 
 
 def packet_size(xfer_bytes: int) -> int:
@@ -38,8 +42,6 @@ def largest_xfer_blocks(sched: Schedule) -> int:
     """The most blocks one transfer of ``sched`` carries."""
     return max((len(x.blocks) for step in sched.steps for x in step), default=1)
 
-def _align(n: int) -> int:
-    return -(-n // PAGE) * PAGE
 
 class KernelLayout:
     """The schedule analysis, buffers and addresses of a collective kernel: ``sched`` on
@@ -92,7 +94,8 @@ class KernelLayout:
         side by side share a packet), else a piece of a block."""
         cap = self.m.capacity("tcm", self.grid.pes[0])
         chans = max(len(c) for c in self.chan_in) or 1
-        fit = (cap - 4096) // (chans * self.slots + 4) // 256 * 256
+        granule = tcm_granule(self.m, self.grid.pes[0])
+        fit = tcm_budget(self.m, self.grid.pes[0]) // (chans * self.slots + STAGING_PACKETS) // granule * granule
         most = largest_xfer_blocks(self.s) * self.block_elems
         want = packet_bytes or packet_size(most * self.eb)
         if packet_bytes and packet_bytes > fit:
@@ -107,7 +110,7 @@ class KernelLayout:
         s, eb = self.s, self.eb
         out_bytes = self.nbytes // s.n if s.kind == "reduce_scatter" else self.nbytes
         # NOTE: an all-gather's input is its own block of the output (in place), a broadcast's
-        # buffer is its output; regions start on PAGE boundaries.
+        # buffer is its output; regions start on page boundaries (``layout.page_align``).
         sizes = {"in": self.nbytes}
         if s.kind in ("all_reduce", "reduce_scatter"):
             sizes["out"] = out_bytes
@@ -116,7 +119,7 @@ class KernelLayout:
         self.in_tcm = self.nbytes <= TCM_VALUES
         self.slot0, self.val0 = [], []
         for r, ctx in enumerate(self.ctx):
-            ctx.tcm("staging", 4 * self.packet_elems * eb)
+            ctx.tcm("staging", STAGING_PACKETS * self.packet_elems * eb)
             if self.chan_in[r]:
                 self.slot0.append(ctx.tcm("receive slots", len(self.chan_in[r]) * self.slots * self.packet_elems * eb).addr)
             else:
@@ -127,11 +130,11 @@ class KernelLayout:
     def _regions(self, ctx, sizes: dict) -> dict:
         """Member ``ctx``'s HBM regions (input, output, two scratch), or a CollectiveError."""
         try:
-            out = {name: ctx.hbm(name, _align(n)) for name, n in sizes.items()}
+            out = {name: ctx.hbm(name, page_align(self.m, n)) for name, n in sizes.items()}
         except AllocationError as exc:
-            raise CollectiveError(f"{self.s.kind}: {self.nbytes} bytes per member need "
-                                  f"{sum(_align(n) for n in sizes.values())} bytes of HBM (input, output, 2 scratch) "
-                                  f"on PE {ctx.pe}: {exc}") from None
+            need = sum(page_align(self.m, n) for n in sizes.values())
+            raise CollectiveError(f"{self.s.kind}: {self.nbytes} bytes per member need {need} bytes of HBM "
+                                  f"(input, output, 2 scratch) on PE {ctx.pe}: {exc}") from None
         out.setdefault("out", out["in"])
         return out
 

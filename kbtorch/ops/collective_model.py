@@ -75,8 +75,7 @@ def step_alphas(machine, sched, pes: tuple) -> list[int]:
 def program_start_ps(machine, pe: int) -> int:
     """The CP's and scheduler's start of PE ``pe``'s program and its first command's issue
     (not the kernel launch that reaches it: ``Machine.launch_ps``)."""
-    g, info = machine.graph, machine.pes[pe]
-    return g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"] + machine.issue.kind_ps("dma")
+    return machine.control_ps(pe) + machine.issue.kind_ps("dma")
 
 
 def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
@@ -118,9 +117,7 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
         reduced |= {x.dst for x in step if x.reduce}
         ready = new
     chain = max(ready[m][b] for m in range(sched.n) for b in sched.keeps[m])
-    g, info = machine.graph, machine.pes[pes[0]]
-    start = g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"]
-    return start + max(chain, max(t + n * cmd for t, n in zip(start_of, busy)))
+    return machine.control_ps(pes[0]) + max(chain, max(t + n * cmd for t, n in zip(start_of, busy)))
 
 
 def issue_ps(machine, sched, block_bytes: int, packet_bytes: int) -> int:

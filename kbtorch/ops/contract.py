@@ -3,10 +3,13 @@
 A family (GEMM, collectives, attention, vector ops) supplies a plan, a tile kernel, an
 analytic estimate and a torch reference, runs its kernel through ``kernel.launch`` and
 returns an :class:`OpRun`; it registers an :class:`OpFamily` (``register``) so that the
-command line and design-space sweeps find it by name, with its parameters as data.
+command line and design-space sweeps find it by name, with its parameters as data, and so
+that its conformance test (tests/test_op_families.py, as OpInfo for torch ops) runs its
+sample params from the moment it registers.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -15,8 +18,8 @@ import torch
 from ..sim.simulator import RunResult
 from ..topology import as_machine
 
-__all__ = ["DType", "DTYPES", "dtype_of", "as_machine", "memory_bytes", "bottleneck", "tflops", "OpRun", "Param",
-           "OpFamily", "register", "family", "families"]
+__all__ = ["DType", "DTYPES", "dtype_of", "check_pes", "as_machine", "memory_bytes", "bottleneck", "tflops", "OpRun",
+           "Param", "Sample", "OpFamily", "register", "family", "families"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,23 @@ def dtype_of(x, op: str = "kbtorch") -> DType:
         what = f"unknown dtype '{t}'" if isinstance(t, str) else f"dtype {t} is not supported"
         raise ValueError(f"{op}: {what} (supported: {', '.join(DTYPES)})")
     return found
+
+
+def check_pes(machine, pes, op: str) -> list:
+    """``pes`` as a list (None: every PE of ``machine``); ValueError naming ``op`` unless they
+    are PE ids of the machine, each once, at least one."""
+    n = len(machine.pes)
+    if pes is None:
+        return list(range(n))
+    out = list(pes)
+    for pe in out:
+        if isinstance(pe, bool) or not isinstance(pe, numbers.Integral) or not 0 <= pe < n:
+            raise ValueError(f"{op}: PE {pe!r} does not exist on topology '{machine.name}' (PEs 0..{n - 1})")
+    if not out:
+        raise ValueError(f"{op}: the PE list is empty")
+    if len(set(out)) != len(out):
+        raise ValueError(f"{op}: PE {next(p for p in out if out.count(p) > 1)} is listed twice")
+    return [int(pe) for pe in out]
 
 
 def memory_bytes(machine, result: RunResult, kind: str | None = "hbm") -> int:
@@ -167,20 +187,84 @@ class Param:
     choices: tuple = ()
     required: bool = False
 
+    def check(self, value, machine) -> None:
+        """ValueError naming the param unless ``value`` is of its kind, as the run takes it
+        (``bytes`` as an int, ``pes`` as PE ids of ``machine``, ``shape`` as ints)."""
+        test, want = _KINDS[self.kind]
+        if not test(self, value, len(machine.pes)):
+            want = "one of {choices}" if self.choices else want
+            want = want.format(choices=", ".join(self.choices or DTYPES), last=len(machine.pes) - 1)
+            raise ValueError(f"{self.name}: expected {want}, got {value!r}")
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _ids(v, n_pes: int) -> bool:
+    return isinstance(v, (list, tuple)) and bool(v) and all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n_pes for i in v)
+
+
+#: Param kind -> (test(param, value, PEs of the machine), what it expects).
+_KINDS = {
+    "int": (lambda p, v, n: _count(v), "a positive int"),
+    "bytes": (lambda p, v, n: _count(v), "a positive int (bytes)"),
+    "float": (lambda p, v, n: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "flag": (lambda p, v, n: isinstance(v, bool), "true or false"),
+    "str": (lambda p, v, n: isinstance(v, str) and (not p.choices or v in p.choices), "a string"),
+    "dtype": (lambda p, v, n: isinstance(v, str) and v in DTYPES, "one of {choices}"),
+    "shape": (lambda p, v, n: isinstance(v, (list, tuple)) and bool(v) and all(_count(i) for i in v),
+              "positive ints"),
+    "pes": (lambda p, v, n: _ids(v, n), "PE ids 0..{last}"),
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One run of a family as data, as OpInfo's sample inputs: ``params`` as its run takes
+    them, small enough for an 8-PE test machine (``tests/data/tiny.toml``); a bad sample's
+    ``refused`` is the word its ValueError must contain (the param at fault)."""
+
+    params: dict
+    refused: str = ""
+
 
 @dataclass(frozen=True)
 class OpFamily:
-    """A registered op family: ``run(machine=..., **params) -> OpRun`` (timing only),
-    ``reference`` (the torch definition of its numerics), its parameters, and optionally a
-    command-line module (``cli``: ``module:function(subparsers, parents)``) that replaces
-    the generic ``kbtorch bench NAME``."""
+    """A registered op family: ``run(machine=..., **params) -> OpRun`` (timing only; call the
+    family itself to have its params checked first), ``reference`` (the torch definition of
+    its numerics) and its parameters; ``check(machine=..., **params)`` runs the checks ``run``
+    makes before any work (shapes, PEs, groups, HBM capacity, limits) and nothing else: a sweep
+    refuses bad params with it before any point runs. As data for its conformance test:
+    ``samples`` (good params), ``bad`` (params it refuses, by name), ``tolerance`` (the largest
+    relative error of ``analytic_ps`` against the simulated latency it states for its samples;
+    None: it has no estimate) and ``numeric(machine=..., **params) -> (OpRun, got, want)``: the
+    family run on seeded random data, its result and ``reference``'s (None: timing only, the
+    caller computes the numbers with torch), equal within ``atol`` (absolute and relative)."""
 
     name: str
     run: Callable[..., OpRun]
     reference: Callable
     params: tuple = ()
     help: str = ""
-    cli: str | None = None
+    samples: tuple = ()
+    bad: tuple = ()
+    tolerance: float | None = None
+    numeric: Callable | None = None
+    atol: float = 0.0
+    check: Callable[..., None] | None = None
+
+    def __call__(self, machine=None, **params) -> OpRun:
+        """``run`` with every declared param checked first (ValueError naming the family and the param)."""
+        machine = as_machine(machine)
+        for prm in self.params:
+            if prm.name in params and params[prm.name] is not None:
+                try:
+                    prm.check(params[prm.name], machine)
+                except ValueError as exc:
+                    raise ValueError(f"{self.name}: {exc}") from None
+        return self.run(machine=machine, **params)
 
 
 _FAMILIES: dict[str, OpFamily] = {}

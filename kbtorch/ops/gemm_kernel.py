@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from ..sim.commands import Move, Wait
 from .contract import DTYPES
-from .gemm_plan import ACC_BYTES, Block, GemmTiling, output_tiles, steps
+from .gemm_plan import Block, GemmTiling, output_tiles, steps
+from .layout import ACC_BYTES
 
 BUFFERS = 2
 

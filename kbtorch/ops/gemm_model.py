@@ -18,12 +18,16 @@ import functools
 from dataclasses import dataclass
 
 from .contract import DTYPES
-from .gemm_plan import ACC_BYTES, GemmTiling, plan
+from .gemm_plan import GemmTiling, plan
+from .layout import ACC_BYTES, tcm_budget
 
+# NOTE: the search space of the automatic tiling (tile configs as data), not hardware.
 TILE_MN = (64, 128, 256, 512)
 TILE_K = (128, 256, 512, 1024, 2048)
 MAX_SPLIT = 8
 NEAR = 1.03
+#: The automatic choice's grids use all, half or a quarter of the group's PEs.
+GROUP_SHARES = (1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -50,9 +54,10 @@ def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: Gem
     """The ideal-pipeline latency of the GEMM under ``tiling`` (C in ``out_dtype``, default ``dtype``)."""
     used = tuple(pes[: tiling.grid[0] * tiling.grid[1] * tiling.grid[2]])
     eb, ob = DTYPES[dtype].bytes, DTYPES[out_dtype or dtype].bytes
-    issue = machine.issue.kind_ps("composite", moves=3, stages=3) / 1000 + 3
+    # the first composite's issue and the control overheads before it reaches its engine
+    issue = machine.issue.kind_ps("composite", moves=3, stages=3) / 1000 + machine.control_ps(used[0]) / 1000
     worst = None
-    for s, hbm, trip in _shard_classes(machine, m, n, k, used, tiling.grid):
+    for s, hbm, trip in _shard_classes(machine, m, n, k, used, tiling.grid, tiling.partial):
         est = _pe_estimate(machine, s, tiling, dtype, (eb, ob), hbm, trip, issue)
         if worst is None or est.ns > worst.ns:
             worst = est
@@ -60,10 +65,10 @@ def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: Gem
 
 
 @functools.lru_cache(maxsize=1024)
-def _shard_classes(machine, m: int, n: int, k: int, used: tuple, grid: tuple) -> tuple:
+def _shard_classes(machine, m: int, n: int, k: int, used: tuple, grid: tuple, partial: bool) -> tuple:
     """One (shard, HBM GB/s, round trip ns) per distinct kind of PE of the plan: the tile
     size does not change which PE gets which block."""
-    shards = plan(m, n, k, list(used), GemmTiling(grid, (1, 1, 1)))
+    shards = plan(m, n, k, list(used), GemmTiling(grid, (1, 1, 1), partial))
     active: dict = {}
     for s in shards:
         ctrl = machine.hbm_port(s.pe)[0]
@@ -127,7 +132,7 @@ def _steady_ns(row_classes, col_classes, kp: int, tk: int, eb: int, hbm: float, 
 
 
 def _grids(p: int, m: int, n: int, k: int):
-    for used in sorted({p, p // 2, p // 4} - {0}, reverse=True):
+    for used in sorted({p // s for s in GROUP_SHARES} - {0}, reverse=True):
         for gk in (1, 2, 4, 8):
             if used % gk or gk > MAX_SPLIT or gk > k:
                 continue
@@ -137,9 +142,19 @@ def _grids(p: int, m: int, n: int, k: int):
                     yield gm, rest // gm, gk
 
 
+def fit_counts(total: int) -> list[int]:
+    """Group sizes to try, largest first, for a shape too small for ``total`` PEs: the
+    group, then its smallest share, and so on down to one PE; with the shares each size's
+    grids use (``GROUP_SHARES``), every size is tried."""
+    out = [total]
+    while out[-1] > 1:
+        out.append(max(1, out[-1] // GROUP_SHARES[-1]))
+    return out
+
+
 def candidates(machine, m: int, n: int, k: int, dtype: str, pes: list, out_dtype: str | None = None):
     """(estimate, tiling) of every tiling that fits the TCM, best first."""
-    cap = machine.capacity("tcm", pes[0])
+    cap = tcm_budget(machine, pes[0])
     out = []
     for grid in _grids(len(pes), m, n, k):
         bm, bn, bk = -(-m // grid[0]), -(-n // grid[1]), -(-k // grid[2])
@@ -169,4 +184,4 @@ def _tcm_need(bm: int, bn: int, gk: int, tiling: GemmTiling, dtype: str) -> int:
     tm, tn, tk = tiling.tile
     eb = DTYPES[dtype].bytes
     staging = 2 * ((tm * tk + tk * tn) * eb + tm * tn * ACC_BYTES)
-    return staging + (gk * bm * bn * ACC_BYTES if gk > 1 else 0) + 4096
+    return staging + (gk * bm * bn * ACC_BYTES if gk > 1 else 0)

@@ -6,7 +6,8 @@ are neighbours). PE ``(a, b, c)`` owns rows ``a`` of M, columns ``b`` of N and t
 ``c`` (balanced splits; edge blocks are smaller). Inside its block a PE walks output tiles
 of ``tm x tn`` (row-major), each accumulating over K in steps of ``tk`` (the last step may be
 shorter). With ``gk > 1`` the PE with ``c = 0`` owns the block and sums the others'
-partial results.
+partial results; with ``partial`` tilings the K split's partial results stay on their
+PEs instead (each PE its own group: C is their sum, as a row-parallel layer leaves it).
 
 Operand placement (the kernel's deploy): each PE's A panel ``[M_a, K_c]``, B panel
 ``[K_c, N_b]`` and C block sit in its own HBM slice in a blocked layout (every tile
@@ -20,18 +21,20 @@ from dataclasses import dataclass
 
 from .contract import dtype_of
 
-ACC_BYTES = 4
 
 
 @dataclass(frozen=True)
 class GemmTiling:
-    """PE grid ``(gm, gn, gk)`` and macro-tile ``(tm, tn, tk)``."""
+    """PE grid ``(gm, gn, gk)`` and macro-tile ``(tm, tn, tk)``; ``partial``: the K split's
+    partial results are left on their PEs, not summed."""
 
     grid: tuple
     tile: tuple
+    partial: bool = False
 
     def describe(self) -> str:
-        return f"grid {'x'.join(map(str, self.grid))}, tile {'x'.join(map(str, self.tile))}"
+        text = f"grid {'x'.join(map(str, self.grid))}, tile {'x'.join(map(str, self.tile))}"
+        return text + (", partial" if self.partial else "")
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,8 @@ def plan(m: int, n: int, k: int, pes: list, tiling: GemmTiling) -> list[Block]:
             group = [pes[(a * gn + b) * gk + c] for c in range(gk)]
             for c in range(gk):
                 r = (a * gn + b) * gk + c
-                shards.append(Block(pes[r], r, split(m, gm, a), split(n, gn, b), split(k, gk, c), tuple(group), group[0]))
+                peers = (pes[r],) if tiling.partial else tuple(group)
+                shards.append(Block(pes[r], r, split(m, gm, a), split(n, gn, b), split(k, gk, c), peers, peers[0]))
     return shards
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
+from .. import limits
 from .calendar import avail, forget, occupy
 from .engine import EDGE, NODE
 
@@ -121,6 +122,9 @@ class Network:
             raise ValueError(f"chunk_flits must be at least 1, got {policy.chunk_flits}")
         self.engine, self.machine, self.policy = engine, machine, policy
         self.flit_bytes = machine.flit_bytes
+        # NOTE: one event (and calendar entry) per flit and link: a flit-exact run is bounded
+        # by $KBTORCH_MAX_FLITS, so that an absurd size is refused instead of filling memory.
+        self._flits, self._flit_limit = 0, limits.limit("flits") if policy.chunk_flits == 1 else None
         self._links: dict = {}
         self._paths: dict = {}
         self._chunks: dict = {}
@@ -145,6 +149,10 @@ class Network:
 
     def message(self, path: tuple, n_flits: int, deliver, on_done, on_sent=None, what="msg") -> Message:
         """A new message on ``path`` (a tuple of node names), stamped with a correlation ID."""
+        if self._flit_limit is not None:
+            self._flits += n_flits
+            if self._flits > self._flit_limit:
+                limits.check("flits", self._flits, "a flit-exact run (one event per flit)")
         hops = self._paths.get(path)
         if hops is None:
             g = self.machine.graph

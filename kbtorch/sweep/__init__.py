@@ -31,10 +31,11 @@ def frame(rows, spec: Spec):
 
 
 def run(spec_or_path, *, workers: int | None = None, scheduler: str | None = None, store: str | None = None,
-        progress: bool = True):
+        progress: bool = True, **options):
     """Run the points of a sweep spec missing from its store (default ``SPEC.sqlite``) on
     ``workers`` processes (a Dask LocalCluster; 1: in process) or an existing ``scheduler``
     -> a DataFrame of every point (params, key, latency_ns, ns_<kind>, bottleneck, pct_peak,
-    pct_bound, events, wall_s, error)."""
-    result = execute(spec_or_path, workers=workers, scheduler=scheduler, store=store, progress=progress)
+    pct_bound, events, wall_s, error). ``options``: ``retry_failed``, ``point_timeout_s``,
+    ``point_bytes`` (see ``runner.execute``)."""
+    result = execute(spec_or_path, workers=workers, scheduler=scheduler, store=store, progress=progress, **options)
     return frame(result.rows, result.spec)

@@ -124,7 +124,8 @@ def _save(fig, path: str) -> str:
 def plot_all(df, spec, directory: str) -> list:
     """Every plot of the sweep as ``DIR/<spec>_<what>.png`` -> their paths."""
     os.makedirs(directory, exist_ok=True)
-    base = os.path.join(directory, spec.name)
+    # NOTE: every name is made of safe characters, so no plot leaves ``directory``.
+    base = os.path.join(directory, _file(spec.name))
     out = [axis_plot(df, spec, a, f"{base}_{_file(a.name)}.png") for a in spec.axes if len(a.values) > 1]
     multi = [a for a in spec.axes if len(a.values) > 1]
     if len(multi) >= 2:

@@ -7,31 +7,38 @@
     "links.noc.bw_gbps" = [128, 256, 512]      # any topology field by its dotted path
     hbm = { paths = ["components.hbm_slice.channel_gbps", "links.hbm.bw_gbps"], scale = [0.5, 1, 2] }
     [workloads.gemm_s128]
-    op = "gemm"                                # a registered op family, "qwen_layer", or fn = "module:fn"
+    op = "gemm"                                # a registered op family, or fn = "module:fn"
     m = 128                                    # its params; a list sweeps them (composite = [true, false])
 
 The points are the cross product of the axes' values and every workload's expanded params,
 (``[sweep] combine = "one_at_a_time"``: the base point and each axis' other values with the
 rest at base), or the explicit ``[[points]]`` (``workload = NAME`` plus axis values, e.g.
 ``"links.noc.bw_gbps" = 512``). Every error names the file and the field
-(``study.toml: axes.links.noc.bw_gbps: ...``), before anything runs.
+(``study.toml: axes.links.noc.bw_gbps: ...``), before anything runs: the file's size and
+nesting and the number of points (``KBTORCH_MAX_POINTS``) before anything is expanded, then
+every axis value on every topology, every workload's params on every machine of the sweep
+(``check``), and that no two axes, values, workloads or points merge silently.
 """
 from __future__ import annotations
 
 import copy
 import importlib.resources
 import itertools
+import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..topology.errors import TopologyError
+from ..limits import LIMITS, limit
+from ..topology.errors import TopologyError, did_you_mean
 from ..topology.loader import read_toml
-from ..topology.machine import topology_path
+from ..topology.machine import DEFAULT_MACHINE, topology_path
 from ..topology.overrides import apply_overrides
 from ..topology.validate import validate
-from .workloads import parse_workload
+from .check import check_axes, check_distinct, check_machines, check_points, combos, get
+from .workloads import parse_workload, same_key
 
 __all__ = ["SpecError", "Axis", "Point", "Spec", "load_spec", "study_path", "base_value", "COMBINE", "STUDY_DIR"]
 
@@ -39,6 +46,11 @@ __all__ = ["SpecError", "Axis", "Point", "Spec", "load_spec", "study_path", "bas
 COMBINE = ("product", "one_at_a_time")
 #: The shipped studies: package data (kbtorch/studies/*.toml), run by name from any directory.
 STUDY_DIR = Path(str(importlib.resources.files("kbtorch") / "studies"))
+#: A spec names its points; a larger file is refused before it is parsed.
+MAX_SPEC_BYTES = 256 << 10
+_QUOTED = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'')
+#: ``sweep.name`` names the plot files: no path separators, no leading dot.
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 
 
 class SpecError(ValueError):
@@ -101,7 +113,7 @@ def base_value(axis: Axis, topology: str):
     elif not axis.paths:
         value = topology
     else:
-        value = _get(read_toml(topology_path(topology)), axis.paths[0])
+        value = get(read_toml(topology_path(topology)), axis.paths[0])
     return value if value in axis.values else axis.values[0]
 
 
@@ -119,39 +131,123 @@ def study_path(name_or_path) -> str:
 
 def load_spec(path) -> Spec:
     """Read and validate a sweep spec, a path or a shipped study's name (SpecError names the
-    file and the field)."""
+    file and the field): every axis value on every topology, every workload's params on every
+    machine of the sweep, and the number of points against ``KBTORCH_MAX_POINTS``, before any
+    point exists."""
     path = study_path(path)
-    try:
-        with open(path, "rb") as fh:
-            doc = tomllib.load(fh)
-    except OSError as exc:
-        raise SpecError(path, "file", f"cannot read: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(path, "file", f"not valid TOML: {exc}") from None
+    doc = _read(path)
     unknown = sorted(set(doc) - {"sweep", "axes", "workloads", "points"})
     if unknown:
-        raise SpecError(path, unknown[0], "unknown section (known: sweep, axes, workloads, points)")
+        raise SpecError(path, unknown[0], "unknown section (known: sweep, axes, workloads, points)"
+                        + did_you_mean(unknown[0], ["sweep", "axes", "workloads", "points"]))
     head = _table(doc.get("sweep", {}), path, "sweep")
     bad = sorted(set(head) - {"topology", "name", "combine"})
     if bad:
-        raise SpecError(path, f"sweep.{bad[0]}", "unknown field (known: topology, name, combine)")
+        raise SpecError(path, f"sweep.{bad[0]}", "unknown field (known: topology, name, combine)"
+                        + did_you_mean(bad[0], ["topology", "name", "combine"]))
     combine = head.get("combine", "product")
     if combine not in COMBINE:
-        raise SpecError(path, "sweep.combine", f"expected one of {', '.join(COMBINE)}, got {combine!r}")
-    base = _topology(head.get("topology", "ahbm"), path, "sweep.topology")
+        raise SpecError(path, "sweep.combine", f"expected one of {', '.join(COMBINE)}, got {combine!r}"
+                        + did_you_mean(combine, COMBINE))
+    name = _name(head.get("name", Path(path).stem), path)
+    base = _topology(head.get("topology", DEFAULT_MACHINE), path, "sweep.topology")
     axes = tuple(_axes(_table(doc.get("axes", {}), path, "axes"), path))
+    check_axes(axes, base, path, SpecError)
     wl = _table(doc.get("workloads", {}), path, "workloads")
     if not wl:
         raise SpecError(path, "workloads", "no workload: add a [workloads.NAME] table")
-    paths = (os.getcwd(), str(Path(path).resolve().parent))
-    workloads = tuple(parse_workload(name, _table(t, path, f"workloads.{name}"), path, SpecError, paths)
-                      for name, t in wl.items())
     raw_points = doc.get("points")
     if raw_points is not None and axes:
         raise SpecError(path, "points", "give either [axes] (cross product) or [[points]] (explicit), not both")
+    if raw_points is not None and (not isinstance(raw_points, list) or not raw_points):
+        raise SpecError(path, "points", "expected [[points]] tables")
+    budget = _Budget(path, len(raw_points) if raw_points is not None else combos(axes, combine))
+    paths = (os.getcwd(), str(Path(path).resolve().parent))
+    workloads = tuple(parse_workload(n, _table(t, path, f"workloads.{n}"), path, SpecError, paths, budget)
+                      for n, t in wl.items())
+    check_distinct(workloads, path, SpecError)
     points = _explicit(raw_points, base, workloads, path) if raw_points is not None \
         else _product(base, axes, workloads, path, combine)
-    return Spec(path, head.get("name", Path(path).stem), base, axes, workloads, tuple(points), paths)
+    check_points(points, path, SpecError)
+    check_machines(points, workloads, path, SpecError, axes)
+    return Spec(path, name, base, axes, workloads, tuple(points), paths)
+
+
+class _Budget:
+    """Counts the points as the workloads are read (``combos`` machines each), before any is
+    made; SpecError once they exceed ``KBTORCH_MAX_POINTS``."""
+
+    def __init__(self, path: str, combos: int):
+        self.path, self.combos, self.total, self.most = path, combos, 0, _limit(path, "points")
+        self(0)
+
+    def __call__(self, count: int) -> None:
+        self.total += self.combos * count
+        if self.total > self.most or self.combos > self.most:
+            raise SpecError(self.path, "sweep", f"{max(self.total, self.combos)} points or more exceed the limit of "
+                            f"{self.most} (set {LIMITS['points'][0]} to raise it)")
+
+
+def _limit(path: str, name: str) -> int:
+    try:
+        return limit(name)
+    except ValueError as exc:
+        raise SpecError(path, "environment", str(exc)) from None
+
+
+def _read(path: str) -> dict:
+    """The parsed TOML of ``path``: at most ``MAX_SPEC_BYTES``, nested at most ``KBTORCH_MAX_DEPTH``."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(path, "file", f"cannot read: {exc.strerror}") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(path, "file", f"larger than {MAX_SPEC_BYTES >> 10} KiB: a sweep spec names its points, "
+                        "it does not list them")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(path, "file", f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    most = _limit(path, "depth")
+    # NOTE: before parsing: tomllib takes quadratic time on a long dotted key.
+    bare = _QUOTED.sub('""', text)
+    deep = re.search(r"(?:[\w-]+[ \t]*\.[ \t]*){%d,}" % (most + 1), bare)
+    if deep:
+        raise SpecError(path, f"line {bare.count(chr(10), 0, deep.start()) + 1}",
+                        f"a dotted key nested more than {most} levels deep (set {LIMITS['depth'][0]} to raise it)")
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(path, "file", f"not valid TOML: {exc}") from None
+    except RecursionError:
+        raise SpecError(path, "file", "tables or lists nested too deeply to read") from None
+    where = _too_deep(doc, most)
+    if where is not None:
+        raise SpecError(path, where, f"nested more than {most} levels deep (set {LIMITS['depth'][0]} to raise it)")
+    return doc
+
+
+def _too_deep(doc: dict, most: int) -> str | None:
+    """The dotted field where ``doc`` nests deeper than ``most`` levels, else None (no recursion)."""
+    stack = [(doc, "", 0)]
+    while stack:
+        node, where, depth = stack.pop()
+        if depth > most:
+            return where
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in items:
+            if isinstance(child, (dict, list)):
+                stack.append((child, f"{where}[{key}]" if isinstance(node, list) else f"{where}.{key}".lstrip("."),
+                              depth + 1))
+    return None
+
+
+def _name(value, path: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise SpecError(path, "sweep.name", "expected a name of letters, digits, '_', '-' and '.' (not starting "
+                        f"with '.'; it names the plot files), got {value!r}")
+    return value
 
 
 def _table(value, path, field) -> dict:
@@ -166,9 +262,11 @@ def _topology(value, path, field) -> str:
     near = Path(path).resolve().parent / value
     name = str(near) if value.endswith(".toml") and near.exists() else value
     try:
-        topology_path(name)
+        tpath = topology_path(name)
+        validate(read_toml(tpath), tpath)
     except TopologyError as exc:
-        raise SpecError(path, field, f"'{value}': {exc.message}") from None
+        where = "" if exc.entry in ("name", "file") else f"{exc.entry}: "
+        raise SpecError(path, field, f"'{value}': {where}{exc.message}") from None
     return name
 
 
@@ -190,50 +288,61 @@ def _axis(name: str, value, path: str) -> Axis:
     if not isinstance(value, dict):
         return Axis(name, (name,), _values(value, path, field))
     bad = sorted(set(value) - {"path", "paths", "values", "scale"})
-    if bad or ("values" in value) == ("scale" in value):
-        raise SpecError(path, field, "an axis table has path or paths, and exactly one of values and scale")
+    if bad:
+        raise SpecError(path, f"{field}.{bad[0]}", "unknown field of an axis table (known: path, paths, values, scale)"
+                        + did_you_mean(bad[0], ["path", "paths", "values", "scale"]))
+    if "path" in value and "paths" in value:
+        raise SpecError(path, field, "give path (one) or paths (several), not both")
+    if ("values" in value) == ("scale" in value):
+        raise SpecError(path, field, "an axis table has exactly one of values and scale")
     paths = value.get("paths", [value.get("path")])
     if not isinstance(paths, list) or not paths or not all(isinstance(p, str) and p for p in paths):
         raise SpecError(path, f"{field}.paths", "expected a dotted path or a list of them")
+    if len(set(paths)) != len(paths):
+        raise SpecError(path, f"{field}.paths", f"'{next(p for p in paths if paths.count(p) > 1)}' is listed twice")
     scale = "scale" in value
     values = _values(value["scale" if scale else "values"], path, f"{field}.{'scale' if scale else 'values'}")
-    if scale and not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values):
-        raise SpecError(path, f"{field}.scale", f"factors must be positive numbers, got {list(values)}")
+    if scale and not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in values):
+        raise SpecError(path, f"{field}.scale", f"factors must be finite positive numbers, got {list(values)}")
     return Axis(name, tuple(paths), tuple(float(v) for v in values) if scale else values, scale)
 
 
 def _values(value, path, field) -> tuple:
     if not isinstance(value, list) or not value:
         raise SpecError(path, field, f"expected a non-empty list of values, got {value!r}")
-    if len(set(map(repr, value))) != len(value):
-        raise SpecError(path, field, f"repeated values in {value}")
+    seen: dict = {}
+    for v in value:
+        if not isinstance(v, (bool, int, float, str)):
+            kind = "table" if isinstance(v, dict) else type(v).__name__
+            raise SpecError(path, field, f"the value {v!r} is a {kind}: "
+                            "an axis value is a number, a string or a boolean (use [[points]] to set lists or tables)")
+        if same_key(v) in seen:
+            raise SpecError(path, field, f"the value {v!r} is the same as {seen[same_key(v)]!r}: each value once")
+        seen[same_key(v)] = v
     return tuple(value)
 
 
-def _get(doc: dict, dotted: str):
-    node = doc
-    for part in dotted.replace("[", ".").replace("]", "").split("."):
-        node = node[int(part)] if isinstance(node, list) else node[part]
-    return node
-
-
-def _overrides(topology: str, settings: dict, path: str, field: str) -> tuple:
-    """The overrides of ``settings`` ({axis: value}) on ``topology``, checked against its schema."""
-    tpath = topology_path(topology)
+def _overrides(topology: str, settings: list, path: str, field: str) -> tuple:
+    """The overrides of ``settings`` ([(axis, value)]) on ``topology``, checked against its schema."""
+    tpath, shown = topology_path(topology), Path(topology).stem
     doc = read_toml(tpath)
-    out = {}
-    for axis, value in settings.items():
+    out, by_path = {}, {}
+    for axis, value in settings:
         for dotted in axis.paths:
             try:
                 apply_overrides(copy.deepcopy(doc), {dotted: 0}, tpath)
             except TopologyError as exc:
-                raise SpecError(path, f"{field}.{axis.name}", exc.message) from None
-            out[dotted] = _get(doc, dotted) * value if axis.scale else value
+                raise SpecError(path, f"{field}.{axis.name}", f"{exc.message} (on topology '{shown}')") from None
+            out[dotted] = get(doc, dotted) * value if axis.scale else value
+            by_path[dotted] = axis.name
     try:
         apply_overrides(doc, out, tpath)
         validate(doc, tpath)
     except TopologyError as exc:
-        raise SpecError(path, f"{field}.{exc.entry}", f"{exc.message} (on topology '{topology}')") from None
+        hit = [d for d in out if exc.entry == d or exc.entry.startswith(d + ".") or exc.entry.startswith(d + "[")]
+        name = by_path[hit[0]] if hit else exc.entry
+        where = f"{exc.entry}: " if hit and exc.entry != name else ""
+        raise SpecError(path, f"{field}.{name}", f"{where}{exc.message} (on topology '{shown}')") from None
     return tuple(sorted(out.items()))
 
 
@@ -253,8 +362,8 @@ def _product(base: str, axes: tuple, workloads: tuple, path: str, combine: str) 
     for combo in _combos(base, axes, combine):
         chosen = dict(zip(axes, combo))
         topo = next((v for a, v in chosen.items() if not a.paths), base)
-        settings = {a: v for a, v in chosen.items() if a.paths}
-        ident = (topo, tuple((a.name, repr(v)) for a, v in settings.items()))
+        settings = [(a, v) for a, v in chosen.items() if a.paths]
+        ident = (topo, tuple((a.name, repr(v)) for a, v in settings))
         if ident not in checked:
             checked[ident] = _overrides(topo, settings, path, "axes")
         shown = tuple((a.name, v) for a, v in chosen.items())
@@ -263,18 +372,22 @@ def _product(base: str, axes: tuple, workloads: tuple, path: str, combine: str) 
 
 
 def _explicit(raw, base: str, workloads: tuple, path: str) -> list:
-    if not isinstance(raw, list) or not raw:
-        raise SpecError(path, "points", "expected [[points]] tables")
     by_name = {w.name: w for w in workloads}
+    total = 0
+    for i, entry in enumerate(raw):
+        total += len(by_name[entry["workload"]].expand()) if isinstance(entry, dict) and \
+            isinstance(entry.get("workload"), str) and entry["workload"] in by_name else 0
+    _Budget(path, 1)(total)
     points = []
     for i, entry in enumerate(raw):
         field = f"points[{i}]"
         entry = dict(_table(entry, path, field))
         name = entry.pop("workload", None)
         if name not in by_name:
-            raise SpecError(path, f"{field}.workload", f"expected one of {sorted(by_name)}, got {name!r}")
+            raise SpecError(path, f"{field}.workload", f"expected one of {sorted(by_name)}, got {name!r}"
+                            + did_you_mean(name, by_name))
         topo = _topology(entry.pop("topology"), path, f"{field}.topology") if "topology" in entry else base
-        settings = {Axis(k, (k,), (v,)): v for k, v in entry.items()}
+        settings = [(Axis(k, (k,), ()), v) for k, v in entry.items()]
         over = _overrides(topo, settings, path, field)
         shown = (("topology", topo),) + tuple(entry.items())
         points += [Point(topo, over, name, by_name[name].op, params, shown) for params in by_name[name].expand()]

@@ -118,6 +118,37 @@ class HbmBook:
                        f"{list(spec.placements)}) does not fit in PE {pe}'s HBM ('{node}'): "
                        f"{a.free_bytes} of {a.capacity} bytes free")
 
+    def check_fits(self, what: str, tensors: list, place) -> None:
+        """Raise ``HbmFull`` before anything is allocated if ``tensors`` (``(name, shape,
+        nbytes)`` in order), each placed by ``place(shape)``, would not all fit in the HBM
+        free now: it names the first tensor past some node's free bytes, the node, its PE,
+        the machine and the bytes ``what`` needs in all."""
+        used: dict = {}
+        total = sum(nbytes for _, _, nbytes in tensors)
+        for name, shape, nbytes in tensors:
+            spec = place(shape)
+            need = self.per_pe(spec, nbytes)
+            if not need:
+                continue
+            for node, (count, pe) in self._in_order(tuple(spec.mesh.pes)).items():
+                a = self.nodes[node]
+                used[node] = used.get(node, 0) + -(-count * need // a.align) * a.align
+                if used[node] > a.free_bytes:
+                    raise HbmFull(f"ahbm: {what} does not fit the HBM of '{self.machine.name}' "
+                                  f"({total / 1e9:.1f} GB in all): '{name}' {tuple(shape)} is the first past the "
+                                  f"{a.free_bytes / 1e9:.1f} GB free of {a.capacity / 1e9:.1f} GB in HBM node "
+                                  f"'{node}' (PE {pe}); nothing was moved")
+
+    @functools.lru_cache(maxsize=64)
+    def _in_order(self, pes: tuple) -> dict:
+        """HBM node -> (how many of ``pes`` it serves, the first of them), in the order of ``pes``."""
+        out: dict = {}
+        for pe in pes:
+            node = self.machine.memory(pe, "hbm")
+            count, first = out.get(node, (0, pe))
+            out[node] = (count + 1, first)
+        return out
+
     def _release(self, taken: list) -> None:
         for nodes, addr in taken:
             whole = self.exact.get(nodes)

@@ -4,7 +4,9 @@ torch moves a module's parameters one by one (``nn.Module._apply``) and, for a w
 subclass such as ``AhbmTensor``, swaps each one (``torch.utils.swap_tensors``). A swap is
 refused while autograd still references the parameter (after a CPU forward in grad mode,
 ``_apply(): Couldn't swap Linear.weight``), and any failure midway (a swap, ``HbmFull``)
-leaves the module half moved. ``apply_all_or_nothing`` first converts every parameter,
+leaves the module half moved. ``apply_all_or_nothing`` first checks that a module moving to
+ahbm fits the machine's HBM (``HbmFull`` naming the first tensor past it, before any tensor
+is converted), then converts every parameter,
 gradient and buffer (nothing is changed if one fails), then commits: in place where the
 types allow (``param.data = ...``), else by swap, else, where a swap is refused, by a new
 ``Parameter`` in the module (shared parameters stay shared).
@@ -17,7 +19,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..topology import current_machine
 from .dispatch import is_ahbm
+from .memory import hbm_book
+from .placement import default_spec
 
 TORCH_APPLY = nn.Module._apply
 
@@ -51,8 +56,31 @@ def _commit(param: nn.Parameter, new: torch.Tensor) -> nn.Parameter:
         return fresh
 
 
+def check_fits(module: nn.Module, fn, recurse: bool) -> None:
+    """``HbmFull`` if ``fn`` moves ``module``'s tensors to ahbm and their bytes (in the dtype
+    ``fn`` gives) would not fit the HBM free on the current machine, each placed by default.
+
+    NOTE: ``fn`` is probed on an empty host tensor of each dtype: it tells the target
+    device and dtype without converting (or allocating) anything."""
+    named = [(n, t) for n, t in (*module.named_parameters(recurse=recurse), *module.named_buffers(recurse=recurse))
+             if t is not None and not is_ahbm(t)]
+    probes: dict = {}
+    items = []
+    for name, t in named:
+        if t.dtype not in probes:
+            probes[t.dtype] = fn(torch.empty(0, dtype=t.dtype))
+        probe = probes[t.dtype]
+        if is_ahbm(probe):
+            items.append((name, tuple(t.shape), t.numel() * probe.element_size()))
+    if items:
+        machine = current_machine()
+        hbm_book(machine).check_fits(type(module).__name__, items, lambda shape: default_spec(machine, shape))
+
+
 def apply_all_or_nothing(self: nn.Module, fn, recurse: bool = True) -> nn.Module:
     """``nn.Module._apply`` that never leaves a module split across devices (module doc)."""
+    with torch.no_grad():
+        check_fits(self, fn, recurse)
     memo = _converted(self, fn, recurse)
     if not any(is_ahbm(old) or is_ahbm(new) for old, new in memo.values()):
         return TORCH_APPLY(self, lambda t: memo[id(t)][1] if id(t) in memo else fn(t), recurse)

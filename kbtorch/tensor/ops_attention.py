@@ -74,8 +74,8 @@ def _fallback(machine, q, k, v, dtype: str, eb: int) -> tuple:
     heads = prod(batch)
     note = "unfused fallback (explicitly slow)"
     scores = tuple(timed_mm(machine, "sdpa fallback: q @ k^T", (q, k), length, s, e, dtype, note) for _ in range(heads))
-    run = vector(machine, "softmax", heads * length * s, placed=Shard(0), inputs=1, dtype=dtype, elem_bytes=eb,
-                 flops_per_element=8)
-    softmax = timed("sdpa fallback: softmax", (q, k), "vector softmax", run, 8 * heads * length * s, note)
+    run = vector(machine, "softmax", heads * length * s, placed=Shard(0), inputs=1, dtype=dtype, elem_bytes=eb)
+    softmax = timed("sdpa fallback: softmax", (q, k), "vector softmax", run,
+                    machine.math_flops("softmax") * heads * length * s, note)
     mixes = tuple(timed_mm(machine, "sdpa fallback: p @ v", (q, v), length, ev, s, dtype, note) for _ in range(heads))
     return (*scores, softmax, *mixes)

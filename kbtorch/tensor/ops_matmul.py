@@ -22,12 +22,7 @@ from functools import lru_cache
 
 import torch
 
-from ..kernel import launch
 from ..ops.gemm import gemm
-from ..ops.gemm_kernel import gemm_kernel
-from ..ops.gemm_model import candidates
-from ..ops.gemm_plan import Block as GemmShard
-from ..ops.gemm_plan import split
 from .dispatch import Out, refuse, register, same_device, value_of
 from .kernels import kernel_dtype, on, timed, vector
 from .placement import Partial, Replicate, Shard, default_spec
@@ -37,36 +32,14 @@ aten = torch.ops.aten
 
 
 @lru_cache(maxsize=256)
-def _gemm(machine, m: int, n: int, k: int, dtype: str):
-    """The GEMM on all PEs, or on the largest of 64, 16, 4, 1 PEs that a small shape can use."""
-    total = len(machine.pes)
-    for count in (total, 64, 16, 4, 1):
-        try:
-            return gemm(shape=(m, n, k), dtype=dtype, pes=range(min(count, total)), machine=machine)
-        except ValueError as exc:
-            error = exc
-    raise NotImplementedError(f"kbtorch: no GEMM tiling for M={m} N={n} K={k} {dtype}: {error}")
-
-
-@lru_cache(maxsize=256)
-def _sharded(machine, m: int, n: int, k: int, dtype: str, pes: tuple, along: str):
-    """Every PE of ``pes`` multiplies its own slice (``along`` "n" or "k") of the operands
-    from its HBM: -> (RunResult, tiling text)."""
-    p = min(len(pes), n if along == "n" else k)
-    used = pes[:p]
-    widest = split(n if along == "n" else k, p, 0)
-    shape = (m, widest[1], k) if along == "n" else (m, n, widest[1])
-    ranked = candidates(machine, *shape, dtype, [used[0]])
-    if not ranked:
-        raise NotImplementedError(f"kbtorch: no GEMM tiling for a {'x'.join(map(str, shape))} {dtype} slice per PE")
-    tiling = ranked[0][1]
-    shards = {}
-    for i, pe in enumerate(used):
-        nr, kr = (split(n, p, i), (0, k)) if along == "n" else ((0, n), split(k, p, i))
-        shards[pe] = GemmShard(pe, i, (0, m), nr, kr, (pe,), pe)
-    result = launch(gemm_kernel, used, machine, shards, tiling, dtype, True, name="gemm")
-    how = "column-parallel" if along == "n" else "row-parallel"
-    return result, f"{how} x{p}, per PE {'x'.join(map(str, shape))}, tile {'x'.join(map(str, tiling.tile))}"
+def _gemm(machine, m: int, n: int, k: int, dtype: str, slices: str | None = None, pes: tuple | None = None):
+    """The GEMM on all PEs (``fit``: or on as many as a small shape can use), or with
+    ``slices`` ("n", "k") every PE of ``pes`` multiplying its own slice of the operands
+    from its HBM."""
+    try:
+        return gemm(shape=(m, n, k), dtype=dtype, machine=machine, pes=pes, slices=slices, fit=slices is None)
+    except ValueError as exc:
+        raise NotImplementedError(f"kbtorch: no GEMM tiling for M={m} N={n} K={k} {dtype}: {exc}") from None
 
 
 def timed_mm(machine, op: str, args, m: int, n: int, k: int, dtype: str, detail: str = ""):
@@ -134,12 +107,12 @@ def _matmul(machine, op: str, a, b):
             a = settle_partial(a)
             if not isinstance(placement(a), Replicate):
                 a = a.redistribute([Replicate()])
-            result, detail = _sharded(machine, m, n, k, dtype, pes, "n")
-            return Shard(1), timed(op, (a, b), "gemm", result, 2 * m * n * k, detail)
+            run = _gemm(machine, m, n, k, dtype, "n", pes)
+            return Shard(1), timed(op, (a, b), "gemm", run.result, run.flops, run.plan)
         pa = placement(settle_partial(a))
         if isinstance(pa, Shard) and pa.dim % 2 == 1 or isinstance(pa, Replicate):
-            result, detail = _sharded(machine, m, n, k, dtype, pes, "k")
-            return Partial(), timed(op, (a, b), "gemm", result, 2 * m * n * k, detail)
+            run = _gemm(machine, m, n, k, dtype, "k", pes)
+            return Partial(), timed(op, (a, b), "gemm", run.result, run.flops, run.plan)
     return None, timed_mm(machine, op, (a, b), m, n, k, dtype)
 
 

@@ -88,6 +88,7 @@ def flat_mesh(mesh: Mesh) -> Mesh:
 
 
 #: Elements per PE below which a new tensor is replicated rather than sharded.
+# NOTE: a placement policy of the front end, not hardware.
 SHARD_MIN_PER_PE = 1024
 
 

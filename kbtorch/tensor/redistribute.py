@@ -3,7 +3,7 @@
 ``redistribute(x, placements)`` changes the placement mesh dimension by mesh dimension and
 runs the collective that change needs on the PEs of every line of that dimension at once,
 recording it on the stream (one line: the algorithm with the least estimate; several:
-rings side by side, ``kbtorch.ops.collective.concurrent``; cached per shape):
+rings side by side: ``kbtorch.ops.collective.on_groups``; cached per shape):
 
 - ``Shard(d) -> Replicate()``: all-gather; ``Partial() -> Replicate()``: all-reduce;
   ``Partial() -> Shard(d)``: reduce-scatter, each of the tensor's full size per member;
@@ -23,7 +23,7 @@ from math import prod
 
 import torch
 
-from ..ops.collective import collective, concurrent_run
+from ..ops.collective import on_groups
 from .dispatch import root
 from .kernels import Timed, kernel_dtype
 from .placement import Partial, Replicate, Shard, Spec
@@ -55,22 +55,8 @@ def _kind(old, new) -> str | None:
 
 @lru_cache(maxsize=512)
 def _timed(machine, kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple:
-    """(latency ns, algorithm, RunResult) of the collective on every line at once: one line takes the
-    algorithm with the least estimate (``algo="auto"``) with its members' blocks in the
-    grid's coordinate order (``order="grid"``), several run rings side by side.
-
-    NOTE: which PE of a line holds which shard is the deployment's choice: every shard is
-    the same size and every PE does the same work on its own, so only the collectives see
-    the order. Torch's rank order would make a 2d reduce-scatter or all-gather over 256 PEs
-    move each block as its own packet (the blocks a member handles are strided); the grid
-    order makes them consecutive, as a kernel laid out for the machine would."""
-    if len(lines) == 1:
-        run = collective(kind, group=list(lines[0]), nbytes=nbytes, dtype=dtype, algo="auto", machine=machine,
-                         order="grid")
-        return run.latency_ns, run.algo, run.result
-    specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo="ring") for g in lines]
-    result, groups = concurrent_run(specs, machine=machine)
-    return max(max(result.pe_finish_ps.get(pe, 0) for pe in pes) for pes in groups) / 1000, "ring", result
+    """(latency ns, algorithm, RunResult) of the collective on every line at once (``on_groups``)."""
+    return on_groups(kind, list(lines), nbytes=nbytes, dtype=dtype, machine=machine)
 
 
 def redistribute(x, placements):

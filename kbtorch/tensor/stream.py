@@ -86,7 +86,7 @@ def usage(result) -> tuple:
 
 
 _SUMMARIES: dict = {}
-SUMMARIES_MAX = 4096
+SUMMARIES_MAX = 4096        # NOTE: a cache size, not hardware
 
 
 def _summary(machine, r) -> tuple:

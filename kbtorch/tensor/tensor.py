@@ -73,6 +73,26 @@ class AhbmTensor(torch.Tensor):
     def __tensor_unflatten__(inner: dict, spec, outer_size, outer_stride):
         return AhbmTensor(inner["_value"], spec, owns=False)
 
+    def __deepcopy__(self, memo) -> "AhbmTensor":
+        """A new tensor of the same value and placement on the same machine (HBM of its own)."""
+        if id(self) not in memo:
+            memo[id(self)] = AhbmTensor(self._value.clone(), self._spec, requires_grad=self.requires_grad)
+        return memo[id(self)]
+
+    def __reduce_ex__(self, protocol):
+        # NOTE: pickled as its value and placement; the machine pickles as its content and
+        # is found again on loading (``Machine.__reduce__``), so a loaded tensor mixes with
+        # the tensors of this process.
+        return (_rebuild, (self._value, self._spec, self.requires_grad))
+
+    def data_ptr(self) -> int:
+        """An address distinct per storage, as on any device (a view: its base's plus its
+        offset): the host value's; a timing-only tensor (no data) has its storage's identity."""
+        v = self._value
+        if v.device.type == "meta":
+            return v.untyped_storage()._cdata + v.storage_offset() * v.element_size()
+        return v.data_ptr()
+
     @property
     def placements(self) -> tuple:
         return self._spec.placements
@@ -88,6 +108,15 @@ class AhbmTensor(torch.Tensor):
 
     def full_tensor(self) -> torch.Tensor:
         return full_tensor(self)
+
+    def tolist(self):
+        """The values as Python numbers (nested lists), copied to the host as ``.cpu()`` does."""
+        return self.cpu().tolist()
+
+    def numpy(self, *, force: bool = False):
+        """Refused, as for any device tensor: a NumPy array would alias host memory."""
+        raise TypeError(f"can't convert {DEVICE}:0 device type tensor to numpy. "
+                        "Use Tensor.cpu() to copy the tensor to host memory first.")
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -106,6 +135,10 @@ class AhbmTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return dispatch(cls, func, args, kwargs or {})
+
+
+def _rebuild(value: torch.Tensor, spec: Spec, requires_grad: bool) -> AhbmTensor:
+    return AhbmTensor(value, spec, requires_grad=requires_grad)
 
 
 def distribute_tensor(t: torch.Tensor, mesh, placements) -> AhbmTensor:

@@ -127,6 +127,13 @@ class MachineFacts:
         return sum(self.router.weight(u, v) for u, v in zip(path, path[1:])) / 1000
 
     @functools.cache
+    def control_ps(self, pe: int) -> int:
+        """Switching overheads (ps) before PE ``pe``'s first command reaches its engine, beside
+        its issue: the control processor's at launch and the scheduler's."""
+        g, info = self.graph, self.pes[pe]
+        return g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"]
+
+    @functools.cache
     def read_trip_ns(self, pe: int) -> float:
         """Head latency (ns) of a read of PE ``pe``'s HBM: the request from its DMA read engine
         to the memory, and the first flit of data back into its TCM."""

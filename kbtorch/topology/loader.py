@@ -26,7 +26,7 @@ from .overrides import apply_overrides, blame
 from .size import check_size, element_limit
 from .validate import validate
 
-__all__ = ["RawTopology", "load_raw", "read_toml"]
+__all__ = ["RawTopology", "load_raw", "read_toml", "resolve_doc"]
 
 
 def read_toml(path: str | Path) -> dict:
@@ -59,14 +59,9 @@ def read_toml(path: str | Path) -> dict:
         raise TopologyError(name, "file", "not valid TOML: values nested too deeply") from None
 
 
-def load_raw(path: str | Path, overrides: dict | None = None, max_elements: int | None = None) -> RawTopology:
-    """Read, check and expand a topology file into nodes and edges.
-
-    ``overrides`` maps dotted paths of the file to new values (``{"links.noc.bw_gbps": 512}``),
-    set before the schema check. ``max_elements`` caps nodes + directed links (default
-    :data:`kbtorch.topology.size.DEFAULT_MAX_ELEMENTS`, or $KBTORCH_MAX_ELEMENTS).
-    Raises TopologyError on bad input.
-    """
+def resolve_doc(path: str | Path, overrides: dict | None = None) -> dict:
+    """The file's document with ``overrides`` applied, checked against the schema: the content
+    a machine is built from (and its key in a sweep). Raises TopologyError on bad input."""
     path = str(path)
     doc = read_toml(path)
     if overrides is not None:
@@ -75,6 +70,22 @@ def load_raw(path: str | Path, overrides: dict | None = None, max_elements: int 
         validate(doc, path)
     except TopologyError as exc:
         raise blame(exc, overrides) from None
+    return doc
+
+
+def load_raw(path: str | Path, overrides: dict | None = None, max_elements: int | None = None,
+             doc: dict | None = None) -> RawTopology:
+    """Read, check and expand a topology file into nodes and edges.
+
+    ``overrides`` maps dotted paths of the file to new values (``{"links.noc.bw_gbps": 512}``),
+    set before the schema check. ``doc``: a document :func:`resolve_doc` returned (read,
+    overridden and checked already: not read or checked again). ``max_elements`` caps nodes +
+    directed links (default :data:`kbtorch.topology.size.DEFAULT_MAX_ELEMENTS`, or
+    $KBTORCH_MAX_ELEMENTS). Raises TopologyError on bad input.
+    """
+    path = str(path)
+    if doc is None:
+        doc = resolve_doc(path, overrides)
     machine, blocks = doc["machine"], doc["blocks"]
     for key in ("top", "pe_block"):
         if machine[key] not in blocks:

@@ -10,23 +10,28 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 import networkx as nx
 
-from .errors import TopologyError
+from .errors import TopologyError, did_you_mean
 from .facts import MachineFacts
 from .launch import Launch, segments
-from .loader import load_raw
+from .loader import load_raw, resolve_doc
 from .overrides import freeze_overrides, thaw_overrides
 from .routing import Router
+from .validate import content_digest
 
 #: Engines every PE block must define (the tile-kernel API's model of a PE).
 PE_ROLES = ("cp", "sched", "dma_rd", "dma_wr", "gemm", "math", "tcm", "ipcq")
 #: The shipped topologies: package data (kbtorch/topologies/*.toml), found in a checkout and in
 #: an installed wheel alike.
 TOPOLOGY_DIR = Path(str(importlib.resources.files("kbtorch") / "topologies"))
+#: The machine every entry point uses when none is named (``use``, $KBTORCH_TOPOLOGY, the
+#: command line's ``--topology``, a sweep's ``topology``).
+DEFAULT_MACHINE = "ahbm"
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,12 +93,22 @@ def _ps(ns: float) -> int:
 
 class Machine(MachineFacts):
     """A topology compiled once into a frozen DiGraph; never mutated during a run; the only
-    source of hardware facts (``MachineFacts``)."""
+    source of hardware facts (``MachineFacts``).
 
-    def __init__(self, path: str, overrides: dict | None = None):
-        raw = load_raw(path, overrides)
+    NOTE: a machine IS its resolved content (the file's document with the overrides applied):
+    two Machines of the same content are equal (``digest``), whatever the file's path or
+    mtime; copies and pickles are the same machine (``copy.deepcopy`` returns it, unpickling
+    finds it again in the process), so tensors and modules copied on ``ahbm`` still mix."""
+
+    def __init__(self, path: str, overrides: dict | None = None, *, doc: dict | None = None):
+        """``doc``: the document :func:`~kbtorch.topology.loader.resolve_doc` returned for
+        ``path`` and ``overrides`` (already checked: not read or checked again)."""
+        doc = resolve_doc(path, overrides) if doc is None else doc
+        self.doc, self.digest = doc, content_digest(doc)
+        raw = load_raw(path, doc=doc)
         self.path, self.name = raw.path, raw.machine["name"]
         self.flit_bytes = raw.machine["flit_bytes"]
+        self.page_bytes = raw.machine["page_bytes"]
         self.issue = IssueCost(raw.issue["fixed_cycles"], raw.issue["per_byte_cycles"],
                                int(raw.issue["composite_cap_bytes"]), float(raw.machine["clock_ghz"]),
                                dict(raw.issue["descriptor_bytes"]))
@@ -123,6 +138,21 @@ class Machine(MachineFacts):
         self.router = Router(self.graph, route_order, reset, self.path)
         self._check_routable()
         self._launch = [segments(self, pe.id) for pe in self.pes]
+
+    def __eq__(self, other) -> bool:
+        return self is other or (isinstance(other, Machine) and self.digest == other.digest)
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __copy__(self) -> "Machine":
+        return self
+
+    def __deepcopy__(self, memo) -> "Machine":
+        return self
+
+    def __reduce__(self):
+        return (machine_of_doc, (self.path, self.doc))
 
     def launch_segments(self, pe: int) -> tuple:
         """``((element, ps), ...)``: how PE ``pe``'s program start is reached (``topology.launch``;
@@ -205,16 +235,32 @@ def topology_path(name_or_path: str) -> str:
         if candidate.exists():
             return str(candidate)
     known = sorted(p.stem for d in dirs if Path(d).is_dir() for p in Path(d).glob("*.toml"))
-    raise TopologyError(name_or_path, "name", f"unknown topology (known: {', '.join(known)})")
+    raise TopologyError(name_or_path, "name",
+                        f"unknown topology (known: {', '.join(known)}){did_you_mean(name_or_path.strip(), known)}")
+
+
+#: Machines by (path, content digest): one object per content in a process.
+_BY_CONTENT: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def machine_of_doc(path: str, doc: dict) -> Machine:
+    """The machine of ``path``'s resolved document ``doc`` (checked already): the one this
+    process has for that content, else a new one (not checked again)."""
+    key = (path, content_digest(doc))
+    machine = _BY_CONTENT.get(key)
+    if machine is None:
+        machine = _BY_CONTENT[key] = Machine(path, doc=doc)
+    return machine
 
 
 @functools.lru_cache(maxsize=16)
 def _load_cached(path: str, mtime: float, overrides: tuple) -> Machine:
-    return Machine(path, thaw_overrides(overrides))
+    return machine_of_doc(path, resolve_doc(path, thaw_overrides(overrides)))
 
 
-def load_machine(name_or_path: str = "ahbm", overrides: dict | None = None) -> Machine:
-    """Load (once per file version and overrides) and return the compiled machine.
+def load_machine(name_or_path: str = DEFAULT_MACHINE, overrides: dict | None = None) -> Machine:
+    """Load (once per file version and overrides) and return the compiled machine: the same
+    object for the same content, so a file touched (new mtime, same bytes) is the same machine.
 
     ``overrides`` maps dotted paths of the file to values (``{"links.noc.bw_gbps": 512}``);
     see docs/topology-format.md."""

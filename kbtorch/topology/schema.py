@@ -106,6 +106,7 @@ MACHINE = Record({
     "name": req(STR),
     "description": opt(STR),
     "flit_bytes": req(POS_INT),
+    "page_bytes": req(POS_INT),
     "clock_ghz": req(POS_NUM),
     "top": req(STR),
     "pe_block": req(STR),

@@ -22,7 +22,7 @@ def element_limit(path: str, max_elements=None) -> int:
     where = "max_elements"
     if max_elements is None and ENV_MAX_ELEMENTS in os.environ:
         where, max_elements = ENV_MAX_ELEMENTS, os.environ[ENV_MAX_ELEMENTS].strip()
-        max_elements = int(max_elements) if max_elements.isdigit() else max_elements
+        max_elements = int(max_elements) if max_elements.isascii() and max_elements.isdigit() else max_elements
     if max_elements is None:
         return DEFAULT_MAX_ELEMENTS
     if not isinstance(max_elements, int) or isinstance(max_elements, bool) or max_elements <= 0:

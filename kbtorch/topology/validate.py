@@ -5,15 +5,38 @@ nested a thousand levels deep is refused at the first level that expects somethi
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 
 from .errors import TopologyError, did_you_mean
 from .schema import MAX_NUMBER, TOP, Map, Record, Seq, Value, Variant
 
 
+#: Digests of the documents that passed (a process checks each content once: a sweep's driver
+#: and the machines it builds for its points share one check per topology + overrides).
+_PASSED: set = set()
+
+
+def content_digest(doc: dict) -> str | None:
+    """sha256 of ``doc`` as canonical JSON (sorted keys): what a machine IS, whatever its
+    file's name or mtime; None for a document too deep or odd to serialise (never valid)."""
+    try:
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    except (RecursionError, ValueError, TypeError):
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def validate(doc: dict, path: str) -> None:
-    """Raise TopologyError naming the file and the entry at the first value the schema refuses."""
+    """Raise TopologyError naming the file and the entry at the first value the schema refuses
+    (a document of a content already checked in this process passes at once)."""
+    digest = content_digest(doc)
+    if digest is not None and digest in _PASSED:
+        return
     _Checker(path).check(doc, TOP, "")
+    if digest is not None:
+        _PASSED.add(digest)
 
 
 def show(value) -> str:
