@@ -323,7 +323,12 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast") -> tuple:
     return run_programs(programs, machine, mode=mode), groups
 
 
-def on_groups(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", machine=None) -> tuple:
+def on_groups(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", machine=None) -> tuple[float, str]:
+    """(latency ns, algorithm) of ``on_groups_run``."""
+    return on_groups_run(kind, groups, nbytes=nbytes, dtype=dtype, machine=machine)[:2]
+
+
+def on_groups_run(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", machine=None) -> tuple:
     """Collective ``kind`` of ``nbytes`` per member on every group of ``groups`` (disjoint,
     of one size) at once: -> (latency ns, algorithm, RunResult). One group takes the algorithm with
     the least estimate (``algo="auto"``) with its members' blocks in the grid's coordinate

@@ -23,7 +23,7 @@ from math import prod
 
 import torch
 
-from ..ops.collective import on_groups
+from ..ops.collective import on_groups_run
 from .dispatch import root
 from .kernels import Timed, kernel_dtype
 from .placement import Partial, Replicate, Shard, Spec
@@ -55,8 +55,8 @@ def _kind(old, new) -> str | None:
 
 @lru_cache(maxsize=512)
 def _timed(machine, kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple:
-    """(latency ns, algorithm, RunResult) of the collective on every line at once (``on_groups``)."""
-    return on_groups(kind, list(lines), nbytes=nbytes, dtype=dtype, machine=machine)
+    """(latency ns, algorithm, RunResult) of the collective on every line at once (``on_groups_run``)."""
+    return on_groups_run(kind, list(lines), nbytes=nbytes, dtype=dtype, machine=machine)
 
 
 def redistribute(x, placements):
