@@ -53,6 +53,10 @@ def parse(argv):
                     help="the KV cache: DynamicCache (default) or StaticCache")
     ap.add_argument("--kernels", choices=("fused", "eager"), default="fused",
                     help="RMSNorm as one fused op (default) or the layers' eager op chain")
+    ap.add_argument("--mode", choices=("eager", "graph", "both"), default="eager",
+                    help="eager: op by op on one stream; graph: each forward captured and timed as one graph "
+                         "(kbtorch.graphed: overlap, fusion, one launch; a step with the shapes of an earlier one "
+                         "is not simulated again); both: side by side")
     ap.add_argument("--check", action="store_true", help="tiny models: logits and tokens against CPU")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--topology", metavar="NAME|PATH", help="the machine (default: $KBTORCH_TOPOLOGY or ahbm)")
@@ -110,8 +114,9 @@ class StepClock:
         self.steps.append(clock_ns() - self._start)
 
 
-def run(args):
-    """(profile, step clock, generated ids on ahbm, CPU reference ids or None, model)."""
+def run(args, graph: bool = False):
+    """(profile, step clock, generated ids on ahbm, CPU reference ids or None, model);
+    ``graph``: every forward captured and timed as one graph (``kbtorch.graphed``)."""
     name = TINY.get(args.model, args.model)
     dtype = torch.bfloat16 if args.timing_only else torch.float32
     data = kbtorch.timing_only if args.timing_only else nullcontext
@@ -134,6 +139,8 @@ def run(args):
         model.to("ahbm")
         place_tp(model)
     clock = StepClock(model)
+    if graph:
+        kbtorch.graphed(model)
     with data(), torch.no_grad(), kbtorch.profile() as prof:
         out = model.generate(ids.to("ahbm"), attention_mask=mask.to("ahbm"), **gen)
     return prof, clock, out, expect, model
@@ -177,8 +184,35 @@ def report(args, prof, clock, out, expect, model, wall: float) -> dict:
                    for r in sorted(prof.records, key=lambda r: -r.latency_ns)[:20]]}
     if expect is not None:
         rec["tokens_match_cpu"] = bool(torch.equal(out.cpu(), expect))
+    graphs = getattr(model.forward, "graphs", None)
+    rec["mode"] = "graph" if graphs else "eager"
+    if graphs:
+        rec["graphs"] = dict(graphs)
     rec["wall_s"] = wall
     return rec
+
+
+def both(args) -> int:
+    """Eager and graph mode side by side (``--mode both``)."""
+    recs = {}
+    for mode in ("eager", "graph"):
+        t0 = time.perf_counter()
+        recs[mode] = report(args, *run(args, graph=mode == "graph"), time.perf_counter() - t0)
+    if args.json:
+        print(json.dumps(recs))
+    else:
+        print(f"{args.model}, batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
+              f"{args.cache} cache")
+        print(f"{'':28}{'eager':>14}{'graph':>14}")
+        rows = [("time to first token (us)", "ttft_ns", 1e-3), ("time per output token (us)", "tpot_ns", 1e-3),
+                ("decode tokens/s", "decode_tokens_per_s", 1), ("wall (s)", "wall_s", 1)]
+        for label, key, scale in rows:
+            if recs["eager"].get(key) is not None:
+                print(f"{label:28}{recs['eager'][key] * scale:14.1f}{recs['graph'][key] * scale:14.1f}")
+        last = [recs[m]["decode_steps"][-1]["pct_hbm_roofline"] if recs[m]["decode_steps"] else 0.0
+                for m in ("eager", "graph")]
+        print(f"{'last step, % HBM roofline':28}{last[0]:14.1f}{last[1]:14.1f}")
+    return 0 if all(r.get("tokens_match_cpu", True) for r in recs.values()) else 1
 
 
 def main(argv=None) -> int:
@@ -190,8 +224,10 @@ def main(argv=None) -> int:
             raise ValueError(f"argument --topology: {exc}") from None
     kbtorch.current_machine()       # NOTE: a bad --topology or $KBTORCH_TOPOLOGY is refused before the model is built
     bound(args)
+    if args.mode == "both":
+        return both(args)
     t0 = time.perf_counter()
-    prof, clock, out, expect, model = run(args)
+    prof, clock, out, expect, model = run(args, graph=args.mode == "graph")
     rec = report(args, prof, clock, out, expect, model, time.perf_counter() - t0)
     ok = rec.get("tokens_match_cpu", True)
     if args.json:
@@ -208,6 +244,9 @@ def main(argv=None) -> int:
     if rec["tpot_ns"]:
         print(f"time per output token: {rec['tpot_ns'] / 1e3:.1f} us = {rec['decode_tokens_per_s']:.0f} tokens/s "
               f"(batch {args.batch}); {rec['tokens_per_s']:.0f} tokens/s over the whole generate()")
+    if rec.get("graphs"):
+        print(f"graph mode: {rec['graphs']['calls']} forward calls, {rec['graphs']['simulated']} graphs simulated "
+              f"(the others replayed their timing)")
     if expect is not None:
         print(f"greedy tokens match CPU: {ok}")
     return 0 if ok else 1

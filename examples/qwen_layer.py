@@ -52,6 +52,10 @@ def parse(argv):
     ap.add_argument("--hf", action="store_true", help="run Hugging Face's Qwen2DecoderLayer (needs transformers)")
     ap.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--mode", choices=("eager", "graph", "both"), default="eager",
+                    help="eager: op by op on one stream; graph: the layer captured as one graph (kbtorch.graph: "
+                         "overlap, fusion, one launch); both: side by side")
+    ap.add_argument("--report", action="store_true", help="graph mode: print the fusion report")
     ap.add_argument("--topology", metavar="NAME|PATH", help="the machine (default: $KBTORCH_TOPOLOGY or ahbm)")
     args = ap.parse_args(argv)
     if args.timing_only is None:
@@ -69,8 +73,9 @@ def parse(argv):
     return args
 
 
-def run_layer(args):
-    """(profile, output on ahbm, reference on CPU or None)."""
+def run_layer(args, graph: bool = False):
+    """(profile, output on ahbm, reference on CPU or None); ``graph``: the layer's ops
+    captured and timed as one graph (``kbtorch.graph``)."""
     cfg = CONFIGS[args.config]
     dtype = torch.bfloat16 if args.config == "7b" else torch.float16
     decode = args.seq is None
@@ -103,8 +108,9 @@ def run_layer(args):
             xd = x.to("ahbm")
         cache = KVCache(k, v, past)
         cd, sd = cos.to("ahbm"), sin.to("ahbm")
-        with kbtorch.profile() as prof:
+        with kbtorch.profile() as prof, kbtorch.graph(name="decoder layer") if graph else nullcontext() as g:
             out, _ = layer(xd, cd, sd, cache)
+    prof.graph = g
     return prof, out, ref
 
 
@@ -119,7 +125,7 @@ def report(args, prof, out, ref, wall: float) -> dict:
         weights = (cfg.hidden * (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim + cfg.heads * cfg.head_dim * cfg.hidden
                    + 3 * cfg.hidden * cfg.intermediate) * eb
         kv_bytes = 2 * args.batch * cfg.kv_heads * (args.kv_len + 1) * cfg.head_dim * eb
-        head_ns, head_bytes = lm_head_ns(cfg, args.batch)
+        head_ns, head_bytes = lm_head_ns(cfg, args.batch, graph=getattr(prof, "graph", None) is not None)
         token_ns = cfg.layers * prof.total_ns + head_ns
         moved = cfg.layers * (weights + kv_bytes) + head_bytes
         machine = kbtorch.current_machine()
@@ -138,12 +144,17 @@ def main(argv=None) -> int:
     args = parse(argv)
     if args.topology:
         kbtorch.use(args.topology)
+    if args.mode == "both":
+        return both(args)
     t0 = time.perf_counter()
     if args.hf:
         prof, out, ref = run_hf(args)
     else:
-        prof, out, ref = run_layer(args)
+        prof, out, ref = run_layer(args, graph=args.mode == "graph")
     rec = report(args, prof, out, ref, time.perf_counter() - t0)
+    rec["run_mode"] = args.mode
+    if args.report and getattr(prof, "graph", None) is not None:
+        print(prof.graph.report())
     if args.trace:
         prof.export_chrome_trace(args.trace)
     if args.json:
@@ -160,6 +171,28 @@ def main(argv=None) -> int:
     if ref is not None:
         print(f"max |ahbm - cpu| = {rec['max_abs_err']:.4f}, matches: {rec['allclose']}")
     return 0 if rec.get("allclose", True) else 1
+
+
+def both(args) -> int:
+    """Eager and graph mode side by side (``--mode both``)."""
+    if args.hf:
+        raise SystemExit("--mode both runs the kbtorch layer (drop --hf)")
+    recs = {}
+    for mode in ("eager", "graph"):
+        t0 = time.perf_counter()
+        prof, out, ref = run_layer(args, graph=mode == "graph")
+        recs[mode] = report(args, prof, out, ref, time.perf_counter() - t0)
+        if mode == "graph" and args.report:
+            print(prof.graph.report())
+    if args.json:
+        print(json.dumps(recs))
+    else:
+        keys = [k for k in ("latency_ns", "token_ns", "tokens_per_s", "pct_hbm", "max_abs_err", "wall_s")
+                if k in recs["eager"]]
+        print(f"{'':16}{'eager':>14}{'graph':>14}")
+        for k in keys:
+            print(f"{k:16}{recs['eager'][k]:14.2f}{recs['graph'][k]:14.2f}")
+    return 0 if all(r.get("allclose", True) for r in recs.values()) else 1
 
 
 if __name__ == "__main__":

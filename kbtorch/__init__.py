@@ -5,11 +5,14 @@ machine it models is ``kbtorch.current_machine()``, chosen with ``kbtorch.use``.
 """
 from .profiler import profile
 from .tensor.device import register as _register
+from .tensor.graph import Graph as graph, graphed
+from . import compile as _compile
 from .tensor.placement import Mesh, Partial, Replicate, Shard, default_spec
 from .tensor.tensor import distribute_tensor, timing_only
 from .topology import current_machine, use
 
 _register()
+_compile.register()
 
-__all__ = ["Mesh", "Partial", "Replicate", "Shard", "current_machine", "default_spec", "distribute_tensor", "profile",
-           "timing_only", "use"]
+__all__ = ["graph", "graphed", "Mesh", "Partial", "Replicate", "Shard", "current_machine", "default_spec",
+           "distribute_tensor", "profile", "timing_only", "use"]

@@ -81,11 +81,25 @@ class Profile:
             for track, busy in r.usage:
                 events.append(dict(base, name=f"{r.name} {100 * busy:.0f}%", cat="usage",
                                    tid=tracks.setdefault(track, len(tracks) + 1), args={"busy": busy}))
-            events += _command_events(r, tracks)
+            events += _command_events(r, tracks) + _part_events(r, tracks)
         events += [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}
                    for name, tid in tracks.items()]
         with open(path, "w") as fh:
             json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, fh)
+
+
+def _part_events(r, tracks: dict) -> list:
+    """A graph's kernels, each on the first graph lane free over its span (concurrent
+    kernels on their own tracks), with its PEs."""
+    lanes, out = [], []
+    for p in sorted(r.parts, key=lambda p: (p.start_ns, p.name)):
+        lane = next((i for i, end in enumerate(lanes) if end <= p.start_ns), len(lanes))
+        lanes[lane:lane + 1] = [p.start_ns + p.latency_ns]
+        out.append({"ph": "X", "pid": 1, "tid": tracks.setdefault(f"graph lane {lane}", len(tracks) + 1),
+                    "ts": (r.start_ns + p.start_ns) / 1000, "dur": p.latency_ns / 1000, "name": p.name,
+                    "cat": p.kernel, "args": {"shapes": [list(s) for s in p.shapes], "detail": p.detail,
+                                              "flops": p.flops}})
+    return out
 
 
 def _command_events(r, tracks: dict) -> list:

@@ -239,8 +239,13 @@ def run_programs(programs: dict, machine, *, mode: str = "fast", trace: bool = F
     """Simulate built programs ``{pe: [commands]}`` on a fresh simulator; -> RunResult.
 
     ``symmetric`` (default: on unless ``trace``) simulates one representative of each class
-    of identical independent units (``sim.symmetry``): same latency and counters, fewer events."""
+    of identical independent units (``sim.symmetry``): same latency and counters, fewer events.
+    The result keeps the built programs (``result.programs``): graph mode runs them again,
+    beside other kernels', in one simulation (``kbtorch.tensor.scheduler``)."""
     if not (not trace if symmetric is None else symmetric):
-        return Simulator(machine, mode=mode, trace=trace).run(programs)
-    red = symmetry.reduce(machine, programs)
-    return red.expand(Simulator(machine, mode=mode, trace=trace, weight=red.weight).run(red.programs), machine)
+        result = Simulator(machine, mode=mode, trace=trace).run(programs)
+    else:
+        red = symmetry.reduce(machine, programs)
+        result = red.expand(Simulator(machine, mode=mode, trace=trace, weight=red.weight).run(red.programs), machine)
+    result.programs = programs
+    return result

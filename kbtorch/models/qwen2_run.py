@@ -5,6 +5,7 @@ torch with no kbtorch inside.
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 
 import torch
 from torch import nn
@@ -33,17 +34,19 @@ def replicate(module: nn.Module) -> nn.Module:
     return place(module, lambda leaf, pname: kbtorch.Replicate())
 
 
-def lm_head_ns(cfg: Qwen2Config, batch: int) -> tuple[float, int]:
+def lm_head_ns(cfg: Qwen2Config, batch: int, graph: bool = False) -> tuple[float, int]:
     """(simulated ns, HBM bytes) of the final norm and the LM head for one decode token:
-    a column-parallel GEMV over the vocabulary (the weight sharded on its rows)."""
+    a column-parallel GEMV over the vocabulary (the weight sharded on its rows); ``graph``:
+    captured and timed as one graph (``kbtorch.graph``)."""
     with kbtorch.timing_only():
         with torch.device("meta"):
             norm = RMSNorm(cfg.hidden, cfg.rms_eps).to(torch.bfloat16)
             head = nn.Linear(cfg.hidden, cfg.vocab, bias=False).to(torch.bfloat16)
         norm.to("ahbm")
         head.to("ahbm")
-        with torch.inference_mode(), kbtorch.profile() as prof:
-            head(norm(torch.empty(batch, 1, cfg.hidden, dtype=torch.bfloat16, device="ahbm")))
+        x = torch.empty(batch, 1, cfg.hidden, dtype=torch.bfloat16, device="ahbm")
+        with torch.inference_mode(), kbtorch.profile() as prof, kbtorch.graph(name="lm head") if graph else nullcontext():
+            head(norm(x))
     return prof.total_ns, cfg.vocab * cfg.hidden * 2
 
 

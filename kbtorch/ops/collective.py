@@ -329,7 +329,14 @@ def _across(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_
 
 
 def concurrent(specs: list, *, machine=None, mode: str = "fast") -> list[float]:
-    """Run several collectives at the same time on one simulator; -> each one's finish (ns).
+    """Run several collectives at the same time on one simulator; -> each one's finish (ns)
+    (``concurrent_run`` for the run itself)."""
+    result, groups = concurrent_run(specs, machine=machine, mode=mode)
+    return [max(result.pe_finish_ps.get(pe, 0) for pe in pes) / 1000 for pes in groups]
+
+
+def concurrent_run(specs: list, *, machine=None, mode: str = "fast") -> tuple:
+    """Run several collectives at the same time on one simulator; -> (RunResult, each one's PEs).
 
     ``specs``: dicts with ``kind``, ``group``, ``nbytes`` and optionally ``algo`` (not
     ``auto``), ``op``, ``dtype``, ``packet_bytes``. The groups must not share a PE (each
@@ -355,13 +362,17 @@ def concurrent(specs: list, *, machine=None, mode: str = "fast") -> list[float]:
                                   spec.get("packet_bytes"))
         programs.update(kernel.programs())
         groups.append(pes)
-    result = run_programs(programs, machine, mode=mode)
-    return [max(result.pe_finish_ps.get(pe, 0) for pe in pes) / 1000 for pes in groups]
+    return run_programs(programs, machine, mode=mode), groups
 
 
 def on_groups(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", machine=None) -> tuple[float, str]:
+    """(latency ns, algorithm) of ``on_groups_run``."""
+    return on_groups_run(kind, groups, nbytes=nbytes, dtype=dtype, machine=machine)[:2]
+
+
+def on_groups_run(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", machine=None) -> tuple:
     """Collective ``kind`` of ``nbytes`` per member on every group of ``groups`` (disjoint,
-    of one size) at once: -> (latency ns, algorithm). One group takes the algorithm with
+    of one size) at once: -> (latency ns, algorithm, RunResult). One group takes the algorithm with
     the least estimate (``algo="auto"``) with its members' blocks in the grid's coordinate
     order (``order="grid"``); several run rings side by side (``concurrent``).
 
@@ -373,9 +384,10 @@ def on_groups(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", machi
     if len(groups) == 1:
         run = collective(kind, group=list(groups[0]), nbytes=nbytes, dtype=dtype, algo="auto", machine=machine,
                          order="grid")
-        return run.latency_ns, run.algo
+        return run.latency_ns, run.algo, run.result
     specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo="ring") for g in groups]
-    return max(concurrent(specs, machine=machine)), "ring"
+    result, members = concurrent_run(specs, machine=machine)
+    return max(max(result.pe_finish_ps.get(pe, 0) for pe in pes) for pes in members) / 1000, "ring", result
 
 
 def all_reduce(shards=None, **kw) -> CollectiveRun:

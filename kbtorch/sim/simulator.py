@@ -44,6 +44,7 @@ class RunResult:
     finishes: list[int] | None = field(default=None, repr=False)
     pe_finish_ps: dict = field(default_factory=dict, repr=False)
     timeline: dict = field(default_factory=dict, repr=False)
+    programs: dict | None = field(default=None, repr=False)     # {pe: [commands]} as built (kernel.run_programs)
 
     @property
     def latency_ns(self) -> float:

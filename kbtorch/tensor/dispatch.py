@@ -15,7 +15,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .placement import Spec, default_spec
-from .stream import record_run
+from .stream import CAPTURE, record_run
 
 DEVICE = "ahbm"
 HANDLERS: dict = {}
@@ -136,6 +136,9 @@ def dispatch(cls, func, args, kwargs):
        on the op's machine, placed by ``where`` (default: by shape), booking HBM unless
        they are views (a value already on ahbm, as an in-place op's target, stays). Anything else a handler returns (an in-place op's target, a tensor
        copied off the device) is returned as it is."""
+    graph = CAPTURE.get()
+    if graph is not None and not graph.depth:
+        return graph.op(cls, func, args, kwargs)       # graph capture (tensor.graph): a node
     name = func.overloadpacket.__name__
     machine = machine_of(func, args, kwargs)
     if name.endswith("_") and is_ahbm(args[0]):

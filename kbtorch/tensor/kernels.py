@@ -51,8 +51,27 @@ def vector(machine, op: str, numel: int, *, placed=None, pes=None, shape=None, i
 @lru_cache(maxsize=1024)
 def _vector(machine, op, n, pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio):
     # NOTE: cached: the simulator is deterministic, so a layer repeated 28 times is simulated once.
-    return elementwise(op, n, inputs=inputs, dtype=dtype, elem_bytes=elem_bytes, machine=machine, pes=pes,
-                       flops_per_element=flops_per_element, out_ratio=out_ratio).result
+    run = elementwise(op, n, inputs=inputs, dtype=dtype, elem_bytes=elem_bytes, machine=machine, pes=pes,
+                      flops_per_element=flops_per_element, out_ratio=out_ratio)
+    # NOTE: what graph-mode fusion (``tensor.fusion``) needs to build the fused pass.
+    run.result.vector = VectorPass(op, n, pes, inputs, dtype, elem_bytes, run.flops // n, out_ratio)
+    return run.result
+
+
+@dataclass(frozen=True)
+class VectorPass:
+    """The parameters of a vector MATH kernel (``vector``): ``n`` elements over ``pes``
+    (all of them on every PE when replicated), ``inputs`` operand streams of
+    ``elem_bytes`` each, ``flops`` per element, ``out_ratio`` output elements per element."""
+
+    op: str
+    n: int
+    pes: tuple
+    inputs: int
+    dtype: str
+    elem_bytes: int
+    flops: int
+    out_ratio: float
 
 
 def mesh_pes(x) -> tuple | None:

@@ -52,6 +52,11 @@ class Mesh:
         if len(set(self.pes)) != len(self.pes):
             raise ValueError(f"mesh names a PE twice: {list(self.pes)}")
 
+    def __deepcopy__(self, memo):
+        # NOTE: immutable, and its machine is shared: torch.compile's guards deep-copy a
+        # tensor's metadata and compare it with ``==`` (a copied machine would never match).
+        return self
+
 
 @dataclass(frozen=True)
 class Spec:

@@ -23,11 +23,11 @@ from math import prod
 
 import torch
 
-from ..ops.collective import on_groups
+from ..ops.collective import on_groups_run
 from .dispatch import root
-from .kernels import kernel_dtype
+from .kernels import Timed, kernel_dtype
 from .placement import Partial, Replicate, Shard, Spec
-from .stream import record
+from .stream import CAPTURE, record, tracing
 
 
 def _lines(mesh, dim: int) -> list[tuple]:
@@ -54,9 +54,9 @@ def _kind(old, new) -> str | None:
 
 
 @lru_cache(maxsize=512)
-def _timed(machine, kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple[float, str]:
-    """(latency ns, algorithm) of the collective on every line at once (``on_groups``)."""
-    return on_groups(kind, list(lines), nbytes=nbytes, dtype=dtype, machine=machine)
+def _timed(machine, kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple:
+    """(latency ns, algorithm, RunResult) of the collective on every line at once (``on_groups_run``)."""
+    return on_groups_run(kind, list(lines), nbytes=nbytes, dtype=dtype, machine=machine)
 
 
 def redistribute(x, placements):
@@ -78,9 +78,16 @@ def redistribute(x, placements):
         lines = _lines(spec.mesh, dim)
         n = len(lines[0])
         elems = -(-x.numel() // (2 * n)) * 2 * n
-        latency, algo = _timed(spec.mesh.machine, kind, tuple(tuple(g) for g in lines), elems * eb, name)
-        record(f"redistribute {old!r}->{new!r}", (tuple(x.shape),), f"{kind} {algo} x{len(lines)}",
-               latency, bytes=elems * eb * len(lines), detail=f"mesh dim {dim}, {n} PEs per group")
+        latency, algo, result = _timed(spec.mesh.machine, kind, tuple(tuple(g) for g in lines), elems * eb, name)
+        what = (f"redistribute {old!r}->{new!r}", (tuple(x.shape),), f"{kind} {algo} x{len(lines)}")
+        detail = f"mesh dim {dim}, {n} PEs per group"
+        graph = CAPTURE.get()
+        if tracing():
+            pass
+        elif graph is not None:
+            graph.kernel(spec.mesh.machine, Timed(*what, result, 0, detail))
+        else:
+            record(*what, latency, bytes=elems * eb * len(lines), detail=detail)
     if everywhere:
         base._replicated = spec.mesh
     return wrap(x._value, spec)

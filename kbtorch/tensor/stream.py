@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+import torch
+
 from ..ops.contract import bottleneck, memory_bytes, tflops
 from ..topology.kinds import kind_name
 
@@ -32,6 +34,7 @@ class OpRecord:
     detail: str = ""
     usage: tuple = ()
     timeline: dict | None = field(default=None, compare=False, repr=False)
+    parts: tuple = field(default=(), compare=False, repr=False)     # a graph's kernels (start_ns: from its start)
 
     @property
     def tflops(self) -> float:
@@ -99,9 +102,25 @@ def _summary(machine, r) -> tuple:
     return got[1]
 
 
-def record_run(machine, run) -> OpRecord:
+def tracing() -> bool:
+    """Whether torch.compile is tracing (its fake values run through the handlers to learn
+    the results' shapes): nothing runs on the device then, nothing is recorded."""
+    return torch._guards.TracingContext.try_get() is not None
+
+
+#: The graph being captured in this context (``tensor.graph``), or None: the stream.
+CAPTURE: ContextVar = ContextVar("kbtorch_capture", default=None)
+
+
+def record_run(machine, run) -> OpRecord | None:
     """Put a kernel an op ran (a ``kernels.Timed``) on the stream, with the bytes its
-    memories served, its bottleneck and how busy its engines and links were."""
+    memories served, its bottleneck and how busy its engines and links were; or into the
+    graph being captured (``tensor.graph``), which times it later beside the others."""
+    if tracing():
+        return None
+    graph = CAPTURE.get()
+    if graph is not None:
+        return graph.kernel(machine, run)
     r = run.result
     nbytes, neck, use = _summary(machine, r)
     return record(run.name, run.shapes, run.kernel, r.latency_ns, flops=run.flops, bytes=nbytes,

@@ -44,6 +44,8 @@ WHOLE = {
     torch.nn.functional.layer_norm: torch.ops.aten.layer_norm.default,
 }
 
+_WHOLE_OPS = frozenset(WHOLE.values())
+
 
 class AhbmTensor(torch.Tensor):
     """A tensor on ``ahbm``: ``_value`` (its global value on the host) and ``_spec`` (placement)."""
@@ -123,7 +125,8 @@ class AhbmTensor(torch.Tensor):
 
         NOTE: outside inference mode torch decomposes a composite op such as ``layer_norm``
         before dispatch; forwarded here, it is one fused kernel in every grad mode."""
-        whole = WHOLE.get(func)
+        # NOTE: the aten overloads themselves too, as an aten graph (torch.compile) calls them.
+        whole = WHOLE.get(func) or (func if func in _WHOLE_OPS else None)
         if whole is not None:
             return dispatch(cls, whole, args, kwargs or {})
         with torch._C.DisableTorchFunctionSubclass():

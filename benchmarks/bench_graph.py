@@ -1,0 +1,161 @@
+"""Graph mode (issue 22) against eager: Qwen2.5-7B decode and prefill, timing-only.
+
+- **(a) layer decode**, AHBM, batch 1, L = 4096: ``examples/qwen_layer.py --mode both``
+  (28 x the layer + the LM head, each mode; % of the HBM roofline), and the whole 28-layer
+  model captured as one graph (``bench_qwen``'s decode point inside ``kbtorch.graph()``);
+- **(b) hf decode**, ``examples/hf_generate.py --model qwen2.5-7b --cache static``, prompt
+  128: eager (8 new tokens) and graph (128 new tokens: the wall and peak targets); % of the
+  HBM roofline of the last decode step, wall seconds, peak memory;
+- **(c) TTFT**, prompt 2048 (``hf_generate --new-tokens 1``), eager and graph;
+- **(d) Maia 200**, decode batch 16, L = 16384 (``qwen_layer --topology maia200``), both
+  modes (docs/validation.md).
+
+Each point runs in a fresh process (``--point``): its wall seconds include every kernel it
+simulates for the first time, its peak memory (``ru_maxrss``) is its own. Nothing is
+asserted: the targets block prints PASS/FAIL. ``--quick``: (a) and (b) only.
+
+    python benchmarks/bench_graph.py [--quick] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+TARGETS = {"layer_pct_hbm": 80.0, "hf_pct_hbm": 78.0, "hf_wall_s": 60.0, "peak_gb": 2.0}
+
+
+def layer_point(topology: str, batch: int, kv_len: int) -> dict:
+    import kbtorch
+    import qwen_layer
+    kbtorch.use(topology)
+    out = {}
+    for mode in ("eager", "graph"):
+        t0 = time.perf_counter()
+        args = qwen_layer.parse(["--kv-len", str(kv_len), "--batch", str(batch)])
+        prof, o, ref = qwen_layer.run_layer(args, graph=mode == "graph")
+        rec = qwen_layer.report(args, prof, o, ref, time.perf_counter() - t0)
+        out[mode] = {k: rec[k] for k in ("latency_ns", "token_ns", "tokens_per_s", "pct_hbm", "wall_s")}
+    return {"kind": "layer", "topology": topology, "batch": batch, "kv_len": kv_len, **out}
+
+
+def model_point(kv_len: int) -> dict:
+    """The whole 28-layer model (``bench_qwen``'s decode point) as ONE graph: a layer's last
+    residual add fuses with the next layer's norm; a periodic graph (3 layers simulated)."""
+    import torch
+
+    import kbtorch
+    from kbtorch.models.qwen2 import QWEN2_5_7B as cfg
+    from kbtorch.models.qwen2 import KVCache, Model, tensor_parallel
+    from kbtorch.models.qwen2_run import lm_head_ns
+    t0 = time.perf_counter()
+    with kbtorch.timing_only():
+        with torch.device("meta"):
+            model = Model(cfg).to(torch.bfloat16)
+        model.to("ahbm")
+        tensor_parallel(model)
+    with kbtorch.timing_only(), torch.inference_mode():
+        shape = (1, cfg.kv_heads, kv_len + 1, cfg.head_dim)
+        caches = [KVCache(torch.empty(shape, dtype=torch.bfloat16, device="ahbm"),
+                          torch.empty(shape, dtype=torch.bfloat16, device="ahbm"), kv_len) for _ in range(cfg.layers)]
+        token = torch.zeros(1, 1, dtype=torch.long, device="ahbm")
+        with kbtorch.profile() as prof, kbtorch.graph(name="qwen2.5-7b decode") as g:
+            model(token, torch.tensor([kv_len]), caches)
+    head_ns, head_bytes = lm_head_ns(cfg, 1, graph=True)
+    token_ns = prof.total_ns + head_ns
+    weights = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("embed")) * 2
+    kv_bytes = cfg.layers * 2 * cfg.kv_heads * (kv_len + 1) * cfg.head_dim * 2
+    machine = kbtorch.current_machine()
+    peak = machine.hbm_gbps(range(len(machine.pes)))
+    return {"kind": "model", "kv_len": kv_len, "token_us": token_ns / 1000, "tokens_per_s": 1e9 / token_ns,
+            "pct_hbm": 100 * (weights + kv_bytes + head_bytes) / token_ns / peak, "kernels": len(g.plan.kernels),
+            "graph_detail": prof.records[0].detail, "wall_s": time.perf_counter() - t0}
+
+
+def hf_point(mode: str, prompt: int, new: int) -> dict:
+    import hf_generate
+    t0 = time.perf_counter()
+    args = hf_generate.parse(["--model", "qwen2.5-7b", "--prompt-len", str(prompt), "--new-tokens", str(new),
+                              "--cache", "static", "--mode", mode])
+    rec = hf_generate.report(args, *hf_generate.run(args, graph=mode == "graph"), time.perf_counter() - t0)
+    steps = rec["decode_steps"]
+    return {"kind": "hf", "mode": mode, "prompt": prompt, "new_tokens": new, "ttft_us": rec["ttft_ns"] / 1000,
+            "tpot_us": rec["tpot_ns"] / 1000 if rec["tpot_ns"] else None,
+            "last_pct_hbm": steps[-1]["pct_hbm_roofline"] if steps else None, "graphs": rec.get("graphs"),
+            "wall_s": rec["wall_s"]}
+
+
+def run_point(*spec) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--point", *map(str, spec)], capture_output=True, text=True,
+                         cwd=ROOT)
+    if out.returncode:
+        raise SystemExit(f"{spec} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _point(spec: list) -> dict:
+    kind = spec[0]
+    if kind == "layer":
+        rec = layer_point(spec[1], int(spec[2]), int(spec[3]))
+    elif kind == "model":
+        rec = model_point(int(spec[1]))
+    else:
+        rec = hf_point(spec[1], int(spec[2]), int(spec[3]))
+    rec["peak_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return rec
+
+
+def main(argv=None) -> int:
+    from _report import finish
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="(a) and (b) only")
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--point", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.point:
+        print(json.dumps(_point(args.point)))
+        return 0
+    t0 = time.perf_counter()
+    layer = run_point("layer", "ahbm", 1, 4096)
+    whole = run_point("model", 4096)
+    print(json.dumps(layer), json.dumps(whole))
+    hf = {m: run_point("hf", m, 128, n) for m, n in (("eager", 8), ("graph", 128))}
+    print(json.dumps(hf))
+    recs = {"layer": layer, "model": whole, "hf": hf}
+    targets = [
+        {"target": f"AHBM 7B decode L=4096: graph >= {TARGETS['layer_pct_hbm']}% of HBM roofline "
+                   f"(eager {layer['eager']['pct_hbm']:.1f}%): 28 x layer graph",
+         "measured": f"{layer['graph']['pct_hbm']:.1f}%", "pass": layer["graph"]["pct_hbm"] >= TARGETS["layer_pct_hbm"]},
+        {"target": "... the whole model as one graph", "measured": f"{whole['pct_hbm']:.1f}%",
+         "pass": whole["pct_hbm"] >= TARGETS["layer_pct_hbm"]},
+        {"target": f"hf_generate --cache static: graph >= {TARGETS['hf_pct_hbm']}% (eager {hf['eager']['last_pct_hbm']:.1f}%)",
+         "measured": f"{hf['graph']['last_pct_hbm']:.1f}%", "pass": hf["graph"]["last_pct_hbm"] >= TARGETS["hf_pct_hbm"]},
+        {"target": f"hf_generate prompt 128 new 128 --mode graph: wall <= {TARGETS['hf_wall_s']} s",
+         "measured": f"{hf['graph']['wall_s']:.1f} s", "pass": hf["graph"]["wall_s"] <= TARGETS["hf_wall_s"]},
+        {"target": f"... peak <= {TARGETS['peak_gb']} GB", "measured": f"{hf['graph']['peak_gb']:.2f} GB",
+         "pass": hf["graph"]["peak_gb"] <= TARGETS["peak_gb"]}]
+    if not args.quick:
+        ttft = {m: run_point("hf", m, 2048, 1) for m in ("eager", "graph")}
+        maia = run_point("layer", "maia200", 16, 16384)
+        print(json.dumps(ttft), json.dumps(maia))
+        recs.update(ttft=ttft, maia=maia)
+        targets.append({"target": f"TTFT prompt 2048: graph < eager ({ttft['eager']['ttft_us']:.0f} us)",
+                        "measured": f"{ttft['graph']['ttft_us']:.0f} us",
+                        "pass": ttft["graph"]["ttft_us"] < ttft["eager"]["ttft_us"]})
+        targets.append({"target": f"Maia 200 decode batch 16 L=16384 (eager {maia['eager']['tokens_per_s']:.0f} tokens/s)",
+                        "measured": f"graph {maia['graph']['tokens_per_s']:.0f} tokens/s", "pass": True})
+    finish(targets, t0, args.json, recs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""``torch.compile(fn_or_module, backend="kbtorch")``: dynamo's graphs as kbtorch graphs.
+
+The backend (registered with dynamo under the name ``"kbtorch"`` when kbtorch is imported)
+takes each FX graph dynamo captures, lowers it to aten ops (``make_fx``: the aten graph,
+decomposed as dispatch decomposes, with the fused ops kbtorch runs whole, SDPA and the
+norms, kept whole), and returns a function that runs that aten graph on the device inside
+a ``kbtorch.graph()`` capture: every aten node goes through the one dispatch pipeline (the
+same handlers as eager, the same values), and the kernels are timed as one graph
+(overlap, fusion, one launch; cached, so a call with the same shapes is not simulated
+again).
+
+Graph breaks: code dynamo cannot trace runs eagerly between the compiled graphs (its ops
+go on the stream one by one); ``breaks()`` lists each break dynamo reported, with its
+reason and source line. A call with new shapes makes dynamo recompile: the backend says so
+(``compiled()`` lists every graph it compiled, with its input shapes). Shapes are static:
+registering the backend turns dynamo's automatic dynamic shapes off.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .tensor.graph import Graph
+
+log = logging.getLogger("kbtorch.compile")
+_COMPILED: list = []
+
+
+def _meta(x):
+    if not isinstance(x, torch.Tensor):
+        return x
+    shape = tuple(int(s) for s in x.shape)
+    stride = tuple(int(s) for s in x.stride())
+    return torch.empty_strided(shape, stride, dtype=x.dtype, device="meta")
+
+
+def _aten(gm, example_inputs):
+    """The aten graph of dynamo's ``gm`` (pre-dispatch: composite ops such as linear and SDPA
+    stay whole, as the device runs them)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    metas = [_meta(x) for x in example_inputs]
+    with torch.no_grad():
+        return make_fx(gm, pre_dispatch=True)(*metas)
+
+
+def backend(gm, example_inputs):
+    """The ``"kbtorch"`` dynamo backend (see the module docstring)."""
+    aten_gm = _aten(gm, example_inputs)
+    shapes = [tuple(int(s) for s in x.shape) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    number = len(_COMPILED)
+    ops = sum(1 for n in aten_gm.graph.nodes if n.op == "call_function")
+    _COMPILED.append({"graph": number, "inputs": shapes, "aten_ops": ops})
+    again = [c for c in _COMPILED[:-1] if len(c["inputs"]) == len(shapes)]
+    log.warning("kbtorch.compile: graph %d: %d aten ops for inputs %s%s", number, ops, shapes,
+                " (recompiled: new shapes)" if again else "")
+
+    def run(*args):
+        with Graph(name=f"compiled graph {number}") as g:
+            out = aten_gm(*args)
+        run.graph = g
+        return out
+
+    run.graph = None
+    run.aten = aten_gm
+    return run
+
+
+_BREAKS: list = []
+
+
+class _BreakLog(logging.Handler):
+    """Collects dynamo's graph-break records as ``file:line: reason`` and warns once each."""
+
+    def emit(self, record) -> None:
+        lines = record.getMessage().splitlines()
+        site = lines[0].rsplit(" at ", 1)[-1] if lines else "?"
+        why = next((x.split(":", 1)[1].strip() for x in lines if x.strip().startswith("Explanation:")),
+                   next((x for x in lines[1:] if x.strip()), "?"))
+        text = f"{site.rsplit('/', 1)[-1]}: {why}"
+        if text not in _BREAKS:
+            _BREAKS.append(text)
+            log.warning("kbtorch.compile: graph break at %s (runs eagerly)", text)
+
+
+def breaks() -> list[str]:
+    """The graph breaks dynamo reported in this process: ``file:line: reason``."""
+    return list(_BREAKS)
+
+
+def compiled() -> list[dict]:
+    """Every graph the backend compiled: number, input shapes, aten ops."""
+    return list(_COMPILED)
+
+
+def register() -> None:
+    """Register the backend with dynamo as ``"kbtorch"`` (once)."""
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+    if "kbtorch" not in _BACKENDS:
+        register_backend(name="kbtorch")(backend)
+        # NOTE: kernels are planned and simulated for concrete shapes: a new shape recompiles
+        # (dynamo would otherwise turn a changed size into a symbolic one on the second call).
+        torch._dynamo.config.automatic_dynamic_shapes = False
+        # NOTE: dynamo's own graph-break records, taken at DEBUG and not printed again.
+        breaks_log = logging.getLogger("torch._dynamo.symbolic_convert.__graph_breaks")
+        breaks_log.setLevel(logging.DEBUG)
+        breaks_log.propagate = False
+        breaks_log.addHandler(_BreakLog())

@@ -1,0 +1,285 @@
+"""Graph mode's fusion: rules over the op contract that rewrite a graph's kernel list.
+
+The rules read only what every kernel declares (``Timed``: its op, kernel family, flops; a
+vector pass's ``VectorPass`` parameters; the graph's buffers and dependencies), never a
+model's pattern:
+
+1. **vector chains**: kernels of vector MATH passes (pointwise ops, row reductions and
+   norms, copies) that follow one another through buffers nothing else reads, on the same
+   PEs, become one vector pass: each outside input read once from HBM, each result written
+   once, the MATH work of all of them per element (the sum of their flops over the widest
+   pass's elements, rounded up), over the widest pass's elements;
+2. **GEMM epilogues**: a vector chain whose only input from inside the graph is a GEMM's
+   result, which nothing else reads, on the GEMM's PEs, runs in the GEMM's store: the GEMM
+   writes the chain's result instead of C and each PE applies the chain's MATH to its part
+   on its MATH engine, reading only the chain's other inputs (bias, residual, the ``up``
+   of SiLU x up) from HBM.
+
+A buffer the program still holds after capture (a graph output) is always written. The
+fused graph keeps every op's FLOPs (``Planned.flops`` sums the members'); its HBM bytes are
+the simulator's own counts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..kernel.api import build, contexts
+from ..ops.elementwise import TILE_BYTES, elementwise_kernel
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A kernel of the timed graph: what it reports, its programs, its dependencies (indices
+    in the plan) and the graph kernels it stands for (``members``)."""
+
+    name: str
+    shapes: tuple
+    kernel: str
+    flops: int
+    detail: str
+    programs: dict
+    deps: frozenset
+    members: tuple
+    late: frozenset = frozenset()       # dependencies only its MATH engine waits for (an epilogue's operands)
+
+
+@dataclass(frozen=True)
+class Plan:
+    kernels: tuple
+    key: tuple
+    keep: tuple         # the runs the key names by id (alive while the plan is cached)
+
+
+def key(graph) -> tuple:
+    """What a graph's timing depends on: its kernels' runs (by id: the plan keeps them
+    alive), their dependencies, fusion on or off (``live`` buffers decide what is written)."""
+    return (graph.fuse, tuple((id(k.timed.result), k.deps) for k in graph.kernels), tuple(sorted(_escaping(graph))))
+
+
+def _escaping(graph) -> set:
+    """Kernels whose results the program holds after capture or an op without a kernel
+    reads (always written)."""
+    read_bare = {r for r, ks in graph.readers.items() if -1 in ks}
+    return {i for i, k in enumerate(graph.kernels) if k.writes & (graph.live_roots | read_bare)}
+
+
+def _planned(kernels, members: list, deps: frozenset, **kw) -> Planned:
+    first = kernels[members[0]].timed
+    fields = dict(name=first.name, shapes=first.shapes, kernel=first.kernel, detail=first.detail,
+                  flops=sum(kernels[m].timed.flops for m in members))
+    fields.update(kw)
+    return Planned(programs=fields.pop("programs"), deps=deps, members=tuple(members), **fields)
+
+
+def _assemble(graph, groups: list, make) -> Plan:
+    """The plan of ``groups`` (lists of graph kernel indices, in graph order): a kernel per
+    group (``make(group) -> dict of Planned fields``), dependencies mapped onto groups; a
+    group without commands passes its dependencies on."""
+    of, out, through = {}, [], {}
+    for members in groups:
+        fields = make(members)
+        deps, head = set(), set()
+        for m in members:
+            for d in graph.kernels[m].deps:
+                got = {of[d]} if of.get(d) is not None else set(through.get(d, ()))
+                deps |= got
+                if m == members[0]:
+                    head |= got
+        deps -= {len(out)}
+        if not any(fields["programs"].values()):
+            for m in members:
+                of[m], through[m] = None, frozenset(deps)
+            continue
+        for m in members:
+            of[m] = len(out)
+        late = frozenset(deps - head) if fields.get("kernel") == "gemm+epilogue" else frozenset()
+        out.append(_planned(graph.kernels, members, frozenset(deps), late=late, **fields))
+    return Plan(tuple(out), key(graph), tuple(k.timed.result for k in graph.kernels))
+
+
+def unfused(graph) -> Plan:
+    """Every kernel as it ran in eager mode."""
+    return _assemble(graph, [[k] for k in range(len(graph.kernels))],
+                     lambda ms: dict(programs=graph.kernels[ms[0]].programs))
+
+
+def _ancestors(graph) -> list[int]:
+    """Bit sets: kernel k's transitive dependencies."""
+    out = []
+    for k in graph.kernels:
+        bits = 0
+        for d in k.deps:
+            bits |= out[d] | (1 << d)
+        out.append(bits)
+    return out
+
+
+def _produced(graph, k: int) -> frozenset:
+    """The buffers kernel ``k``'s results go to: its node's outputs for the node's last
+    kernel, else a private buffer of its own (read by the node's next kernel only)."""
+    kern = graph.kernels[k]
+    node = graph.nodes[kern.node]
+    return kern.writes if k == node.kernels[-1] else frozenset((("private", k),))
+
+
+def _read(graph, k: int) -> frozenset:
+    node = graph.nodes[graph.kernels[k].node]
+    return graph.kernels[k].reads if k == node.kernels[0] else frozenset((("private", k - 1),))
+
+
+def groups(graph) -> list[list[int]]:
+    """Fusion groups (rules 1 and 2): each a list of graph kernels, in graph order, ordered by
+    their last member."""
+    anc = _ancestors(graph)
+    group_of: dict = {}
+    members: dict = {}
+    for k, kern in enumerate(graph.kernels):
+        vec = getattr(kern.timed.result, "vector", None)
+        if vec is not None:
+            for g in _candidates(graph, k, group_of, members):
+                if _fits(graph, members[g], k, vec) and _acyclic(anc, members[g], kern.deps, k):
+                    group_of[k] = g
+                    members[g].append(k)
+                    break
+        if k not in group_of:
+            group_of[k] = k
+            members[k] = [k]
+    return sorted(members.values(), key=lambda m: m[-1])
+
+
+def _candidates(graph, k: int, group_of: dict, members: dict) -> list:
+    """Groups that made a buffer kernel ``k`` reads (nearest first)."""
+    reads = _read(graph, k)
+    found = []
+    for d in sorted(graph.kernels[k].deps, reverse=True):
+        if _produced(graph, d) & reads and group_of[d] not in found:
+            found.append(group_of[d])
+    return found
+
+
+def _fits(graph, group: list, k: int, vec) -> bool:
+    """A vector pass joins a vector chain on the same PEs, or a GEMM's epilogue on its PEs."""
+    head = graph.kernels[group[0]].timed
+    if head.kernel == "gemm":
+        # NOTE: pointwise only: a row reduction needs whole rows, which a GEMM's PE may not hold.
+        pes = {pe for pe, cmds in (head.result.programs or {}).items() if cmds}
+        return set(vec.pes) <= pes and vec.out_ratio == 1 and graph.kernels[k].timed.kernel.startswith("elementwise")
+    first = getattr(head.result, "vector", None)
+    return first is not None and first.pes == vec.pes
+
+
+def _acyclic(anc: list, group: list, deps, k: int) -> bool:
+    """No kernel outside the group lies between a member and ``k`` (fusing would make a cycle)."""
+    mask = sum(1 << m for m in group)
+    return all(d in group or not (anc[d] & mask) for d in deps)
+
+
+def plan(graph) -> Plan:
+    """The fused plan (rules 1 and 2 of the module docstring)."""
+    return _assemble(graph, groups(graph), lambda ms: _fused(graph, ms))
+
+
+def _io(graph, group: list) -> tuple[list, list]:
+    """(buffers the group reads from outside, the members whose results leave the group:
+    read by a kernel outside it or by an op without a kernel, or held after capture)."""
+    inside = set(group)
+    made = set().union(*(_produced(graph, m) for m in group))
+    ins = sorted({r for m in group for r in _read(graph, m) if r not in made}, key=str)
+    outs = []
+    for m in group:
+        for r in _produced(graph, m):
+            if isinstance(r, tuple):
+                leaves = m + 1 not in inside
+            else:
+                leaves = r in graph.live_roots or bool(graph.readers.get(r, set()) - inside)
+            if leaves:
+                outs.append(m)
+                break
+    return ins, outs
+
+
+def _fused(graph, group: list) -> dict:
+    if len(group) == 1:
+        return dict(programs=graph.kernels[group[0]].programs)
+    head = graph.kernels[group[0]].timed
+    vecs = [graph.kernels[m].timed.result.vector for m in group if head.kernel != "gemm" or m != group[0]]
+    ins, outs = _io(graph, group)
+    n = max(v.n for v in vecs)
+    eb = max(v.elem_bytes for v in vecs)
+    flops = -(-sum(v.n * v.flops for v in vecs) // n)
+    written = [graph.kernels[m].timed.result.vector for m in outs if m != group[0] or head.kernel != "gemm"]
+    names = "+".join(graph.nodes[graph.kernels[m].node].name.removeprefix("aten::") for m in group)
+    if head.kernel == "gemm":
+        # NOTE: the GEMM's store writes the chain's last result in place of C.
+        extra = max(0, len(written) - (0 if group[0] in outs else 1))
+        ratio = sum(v.n * v.out_ratio for v in written[:extra]) / n
+        tail = epilogue(graph, head, vecs[-1], n, max(0, len(ins) - 2), eb, flops, ratio)
+        return dict(programs=tail, kernel="gemm+epilogue", detail=f"{head.detail}; epilogue {names}")
+    ratio = sum(v.n * v.out_ratio for v in written) / n
+    vec = vecs[-1]
+    pes = list(vec.pes)[:max(1, min(len(vec.pes), n))]
+    progs = build(elementwise_kernel, pes, graph.machine, names, n, max(1, len(ins)), eb, vec.dtype, flops,
+                  max(ratio, 1 / n), name=f"fused {names}")
+    return dict(programs=progs, kernel="fused vector", detail=f"{len(group)} passes, {len(ins)} input(s), "
+                f"{len(outs)} output(s)")
+
+
+def epilogue(graph, gemm, vec, n: int, inputs: int, eb: int, flops: int, ratio: float) -> dict:
+    """The GEMM's programs, each PE then applying the epilogue's MATH to its part of the
+    result (after its last GEMM command), reading ``inputs`` more operands and writing
+    ``ratio`` x n more elements."""
+    from ..sim.commands import Move, Signal, Wait
+    progs = gemm.result.programs or {}
+    pes = [pe for pe in sorted(progs) if progs[pe]]
+    per = -(-n // len(vec.pes)) if len(vec.pes) else n
+    ctxs = {c.pe: c for c in contexts(graph.machine, pes, "epilogue")}
+    out = {}
+    for pe in pes:
+        cmds = list(progs[pe])
+        last = max(i for i, c in enumerate(cmds) if c.engine == "gemm") if any(c.engine == "gemm" for c in cmds) \
+            else len(cmds) - 1
+        c = cmds[last]
+        if len(c.signals) < 2:
+            cmds[last] = replace(c, signals=c.signals + (Signal("epilogue"),))
+            wait = (Wait("epilogue"),)
+        else:
+            wait = ()
+        ctx = ctxs[pe]
+        tile = max(1, min(per, TILE_BYTES // eb))
+        tiles, tb = -(-per // tile), tile * eb
+        ob = max(eb, round(tb * ratio) // eb * eb) if ratio else 0
+        reads = tuple(Move(ctx.hbm(f"in{i}", tiles * tb).loc(), tb, tb) for i in range(inputs))
+        writes = (Move(ctx.hbm("out", tiles * ob).loc(), ob, ob),) if ob else ()
+        staging = ctx.tcm("staging", 2 * ((inputs + 1) * tb + max(ob, tb)))
+        ctx.composite(tiles=tiles, staging=staging.loc(), engine="math", dtype=vec.dtype, reads=reads,
+                      writes=writes, fetch_bytes=(inputs + 1) * tb, flops=flops * tile, store_bytes=max(ob, tb),
+                      wait=wait, label=f"epilogue x{tiles}")
+        out[pe] = cmds + ctx.commands
+    return out
+
+
+def report(graph) -> str:
+    """Which ops became which kernel: one line per kernel of the timed graph, with its span."""
+    lines = []
+    sched = graph.schedule
+    for i, k in enumerate(graph.plan.kernels):
+        ops = [f"{graph.nodes[graph.kernels[m].node].name}@{graph.nodes[graph.kernels[m].node].site}"
+               for m in k.members]
+        span = f"{sched.ready_ps[i] / 1000:9.1f} -> {sched.finish_ps[i] / 1000:9.1f} ns"
+        lines.append(f"#{i:<4} {span}  {k.kernel:<28} <- {', '.join(ops)}")
+    return "\n".join(lines)
+
+
+#: Dependencies further back than this are named by index (a model's shared inputs, made
+#: once before its layers), nearer ones by distance (within a layer and its neighbours).
+NEAR = 64
+
+
+def signatures(graph, plan: Plan) -> list:
+    """Per planned kernel, what it runs (its members' runs) and on what it depends: equal
+    signatures in a repeating run mark a model's layers (``scheduler.period``)."""
+    out = []
+    for i, k in enumerate(plan.kernels):
+        deps = tuple(sorted(("near", i - d) if i - d <= NEAR else ("far", d) for d in k.deps))
+        out.append((tuple(id(graph.kernels[m].timed.result) for m in k.members), k.kernel, deps))
+    return out

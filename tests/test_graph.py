@@ -1,0 +1,174 @@
+"""Graph mode (kbtorch.graph, graphed, torch.compile backend "kbtorch"): the same values as
+eager and CPU, one launch, the replay cache, graph breaks reported."""
+import pytest
+import torch
+
+import kbtorch
+from kbtorch.tensor import graph as graph_mod
+
+
+def _fn(w, b):
+    def fn(x):
+        h = torch.nn.functional.silu(x @ w + b)
+        return (h * 2 + x).sum(-1), h
+    return fn
+
+
+@pytest.fixture
+def small(tiny):
+    kbtorch.use(tiny)
+    torch.manual_seed(0)
+    yield tiny
+    kbtorch.use("ahbm")
+
+
+def test_capture_gives_eager_values_and_one_launch(small):
+    w, b = torch.randn(32, 32), torch.randn(32)
+    x = torch.randn(8, 32)
+    want = _fn(w, b)(x)
+    fn = _fn(w.to("ahbm"), b.to("ahbm"))
+    xa = x.to("ahbm")
+    with kbtorch.profile() as eager:
+        fn(xa)
+    with kbtorch.profile() as prof, kbtorch.graph() as g:
+        got = fn(xa)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a.cpu(), e)
+    assert [r.name for r in prof.records] == ["graph"]
+    rec = prof.records[0]
+    assert rec.parts and rec.latency_ns == pytest.approx(g.latency_ns)
+    assert len(g.nodes) >= 5 and len(eager.records) == len(g.kernels)
+    assert "aten::silu" in g.report() and "g" in rec.kernel
+
+
+def test_replay_reads_the_inputs_anew_and_is_not_simulated_again(small):
+    w, b = torch.randn(32, 32), torch.randn(32)
+    fn = _fn(w.to("ahbm"), b.to("ahbm"))
+    xa = torch.randn(8, 32).to("ahbm")
+    with kbtorch.graph() as g:
+        out, h = fn(xa)
+    first = g.latency_ns
+    new = torch.randn(8, 32)
+    xa.copy_(new.to("ahbm"))
+    with kbtorch.profile() as prof:
+        g.replay()
+    assert g.cached and prof.records[0].latency_ns == first
+    want = _fn(w, b)(new)
+    torch.testing.assert_close(out.cpu(), want[0])
+    torch.testing.assert_close(h.cpu(), want[1])
+
+
+def test_fusion_conserves_work(small):
+    w, b = torch.randn(64, 64).to("ahbm"), torch.randn(64).to("ahbm")
+    fn = _fn(w, b)
+    xa = torch.randn(16, 64).to("ahbm")
+    with kbtorch.graph(fuse=False) as plain:
+        fn(xa)
+    with kbtorch.graph() as fused:
+        fn(xa)
+    assert len(fused.plan.kernels) < len(plain.plan.kernels)
+    assert sum(k.flops for k in fused.plan.kernels) == sum(k.flops for k in plain.plan.kernels)
+    from kbtorch.ops.contract import memory_bytes
+    assert memory_bytes(small, fused.schedule.result) <= memory_bytes(small, plain.schedule.result)
+    assert fused.latency_ns < plain.latency_ns
+    kinds = [k.kernel for k in fused.plan.kernels]
+    assert "gemm+epilogue" in kinds
+
+
+def test_graphed_module_caches_the_timing_of_repeated_shapes(small):
+    lin = torch.nn.Linear(32, 32)
+    x = torch.randn(4, 32)
+    want = lin(x)
+    lin.to("ahbm")
+    kbtorch.graphed(lin)
+    for _ in range(3):
+        got = lin(x.to("ahbm"))
+    torch.testing.assert_close(got.cpu(), want)
+    assert lin.forward.graphs == {"calls": 3, "simulated": 1}
+
+
+def test_compile_backend_matches_cpu_and_reports_graph_breaks(small):
+    from kbtorch import compile as kc
+    lin = torch.nn.Linear(32, 32)
+
+    def fn(x):
+        h = torch.nn.functional.silu(lin(x))
+        print("graph break")
+        return torch.nn.functional.rms_norm(h + x, (32,))
+    x = torch.randn(4, 32)
+    want = fn(x)
+    lin.to("ahbm")
+    torch._dynamo.reset()
+    c = torch.compile(fn, backend="kbtorch")
+    with torch.no_grad(), kbtorch.profile() as prof:
+        got = c(x.to("ahbm"))
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert [r.name for r in prof.records] == ["compiled graph %d" % n["graph"] for n in kc.compiled()[-2:]]
+    assert any("test_graph.py" in b and "print" in b for b in kc.breaks())
+    with torch.no_grad():
+        c(torch.randn(6, 32).to("ahbm"))          # a new shape: compiled again
+    assert [c_["inputs"][-1] for c_ in kc.compiled()[-2:]] != [(4, 32)] * 2
+
+
+def test_two_graphs_cannot_nest(small):
+    with kbtorch.graph():
+        with pytest.raises(RuntimeError, match="already being captured"):
+            with kbtorch.graph():
+                pass
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_hf_model_forward_and_generate_in_graph_mode(small, batch):
+    pytest.importorskip("transformers")
+    from kbtorch.models.hf import build
+    model, ref = build("tiny-qwen2")
+    ids = torch.randint(2, 128, (batch, 6), generator=torch.Generator().manual_seed(batch))
+    mask = torch.ones_like(ids)
+    mask[1:, :1] = 0
+    model.to("ahbm")
+    gen = dict(max_new_tokens=3, do_sample=False)
+    with torch.no_grad():
+        want = ref(ids, attention_mask=mask).logits
+        expect = ref.generate(ids, attention_mask=mask, **gen)
+        eager = model(ids.to("ahbm"), attention_mask=mask.to("ahbm")).logits.cpu()
+        with kbtorch.graph():
+            got = model(ids.to("ahbm"), attention_mask=mask.to("ahbm")).logits
+        kbtorch.graphed(model)
+        tokens = model.generate(ids.to("ahbm"), attention_mask=mask.to("ahbm"), **gen).cpu()
+    torch.testing.assert_close(got.cpu(), eager, rtol=0, atol=0)
+    torch.testing.assert_close(got.cpu()[mask.bool()], want[mask.bool()], rtol=1e-4, atol=1e-4)
+    assert torch.equal(tokens, expect)
+    assert model.forward.graphs["calls"] == 3
+
+
+def test_a_periodic_graph_is_simulated_in_part_at_its_steady_state(small):
+    ws = [torch.randn(32, 32).to("ahbm") for _ in range(2)]
+    x = torch.randn(8, 32).to("ahbm")
+
+    def layers(x):
+        for _ in range(8):
+            x = torch.nn.functional.silu(x @ ws[0]) @ ws[1] + x
+        return x
+    with kbtorch.graph(periodic=False) as exact:
+        want = layers(x)
+    with kbtorch.graph() as short:
+        got = layers(x)
+    assert torch.equal(got.cpu(), want.cpu())
+    assert getattr(short.schedule.result, "extrapolated", None) is not None
+    assert len(short.schedule.finish_ps) == len(exact.schedule.finish_ps)
+    assert short.latency_ns == pytest.approx(exact.latency_ns, rel=0.02)
+
+
+def test_chrome_trace_puts_concurrent_kernels_on_their_own_lanes(small, tmp_path):
+    import json
+    a, b = torch.randn(8, 32).to("ahbm"), torch.randn(8, 32).to("ahbm")
+    w = torch.randn(32, 32).to("ahbm")
+    with kbtorch.profile() as prof, kbtorch.graph():
+        (a @ w).sum(-1), torch.nn.functional.silu(b).mean(-1)      # two independent branches
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    lanes = {e["args"]["name"] for e in events if e["ph"] == "M" and e["args"]["name"].startswith("graph lane")}
+    parts = [e for e in events if e.get("cat") not in ("usage", "command") and e["ph"] == "X" and "PEs" in
+             e.get("args", {}).get("detail", "")]
+    assert len(lanes) >= 2 and len(parts) == len(prof.records[0].parts)

@@ -1,0 +1,71 @@
+"""Graph mode's scheduler: concurrency is simulated, never assumed (one simulation of the
+joined programs), on the tiny machine (8 PEs)."""
+import pytest
+
+from kbtorch.kernel import build
+from kbtorch.ops.collective import collective
+from kbtorch.ops.elementwise import elementwise_kernel
+from kbtorch.ops.gemm import gemm
+from kbtorch.tensor import scheduler
+
+
+def _vector(machine, pes, n=1 << 16):
+    return build(elementwise_kernel, list(pes), machine, "add", n, 2, 2, "f16", 1, 1.0, name="add")
+
+
+def _alone(machine, prog):
+    return scheduler.simulate([prog], [frozenset()], machine).latency_ps
+
+
+def test_independent_kernels_on_disjoint_pes_take_the_longer(tiny):
+    a, b = _vector(tiny, range(0, 4)), _vector(tiny, range(4, 8), n=1 << 15)
+    both = scheduler.simulate([a, b], [frozenset(), frozenset()], tiny)
+    longer = max(_alone(tiny, a), _alone(tiny, b))
+    assert both.latency_ps == pytest.approx(longer, rel=0.05)
+    assert both.result.events > 0 and both.commands >= 8
+
+
+def test_independent_kernels_on_the_same_pes_take_about_the_sum(tiny):
+    # NOTE: many tiles each, so that each alone keeps its PEs' HBM ports busy (with one tile,
+    # the second's reads would overlap the first's compute: a real overlap, not a sum)
+    a, b = _vector(tiny, range(8), 1 << 21), _vector(tiny, range(8), 1 << 21)
+    both = scheduler.simulate([a, b], [frozenset(), frozenset()], tiny).latency_ps
+    one = _alone(tiny, a)
+    assert 1.6 * one <= both <= 2.05 * one      # the fill and drain of one overlap the other
+
+
+def test_a_dependent_kernel_waits_on_its_pes_semaphores(tiny):
+    a, b = _vector(tiny, range(8)), _vector(tiny, range(8))
+    chained = scheduler.simulate([a, b], [frozenset(), frozenset({0})], tiny)
+    assert chained.ready_ps[1] == chained.finish_ps[0] < chained.finish_ps[1]
+    # a consumer on PEs the producer does not use hears of it by an IPCQ relay
+    c = _vector(tiny, range(4, 8))
+    relayed = scheduler.simulate([_vector(tiny, range(4)), c], [frozenset(), frozenset({0})], tiny)
+    assert relayed.finish_ps[1] > relayed.finish_ps[0] + _alone(tiny, c) * 0.5
+    assert any(cmd.label.startswith("kernel 0 done: relay") for cmds in relayed.result.programs.values()
+               for cmd in cmds)
+
+
+def test_a_gemm_beside_a_collective_on_shared_links_is_slower(tiny):
+    g = gemm(shape=(512, 512, 512), pes=list(range(8)), machine=tiny).result.programs
+    c = collective("all_reduce", group=list(range(8)), nbytes=1 << 20, machine=tiny, algo="ring").result.programs
+    alone = _alone(tiny, g)
+    both = scheduler.simulate([g, c], [frozenset(), frozenset()], tiny)
+    assert both.finish_ps[0] > alone
+
+
+def test_no_graph_is_faster_than_its_busiest_resource(tiny):
+    progs = [_vector(tiny, range(8)), _vector(tiny, range(4)), _vector(tiny, range(2, 8))]
+    s = scheduler.simulate(progs, [frozenset(), frozenset({0}), frozenset()], tiny)
+    stats = s.result.stats
+    busiest = max([link["max_busy_ps"] for link in stats["links"].values()]
+                  + [m["busy_ps"] for m in stats["memories"].values()])
+    assert s.latency_ps >= busiest > 0
+
+
+def test_semaphores_are_renamed_apart_and_one_launch_issues_every_command(tiny):
+    a, b = _vector(tiny, range(8)), _vector(tiny, range(8))
+    programs, commands = scheduler.build([a, b], [frozenset(), frozenset({0})], tiny)
+    assert commands == sum(len(v) for v in a.values()) + sum(len(v) for v in b.values())
+    sems = {s.sem for cmds in programs.values() for cmd in cmds for s in cmd.signals}
+    assert sems == {"0.done", "1.done"}
