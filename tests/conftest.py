@@ -28,6 +28,16 @@ def tiny(tiny_path):
     return load_machine(str(tiny_path))
 
 
+@pytest.fixture(autouse=True)
+def _process_machine_restored():
+    """Each test starts and ends with the process default machine it found: a script run
+    in-process (an example's ``--topology``) calls ``kbtorch.use(...)`` for the process."""
+    from kbtorch.topology import select
+    before = select._PROCESS[0]
+    yield
+    select._PROCESS[0] = before
+
+
 @pytest.fixture
 def write_topology(tmp_path):
     """A function ``write(text, name="topo.toml") -> Path`` that writes a TOML file in tmp_path."""
