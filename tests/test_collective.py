@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import kbtorch.ops.collective as collective_module
-from kbtorch.ops.collective import BUS_FACTOR, collective, concurrent, on_groups, torch_reference
+from kbtorch.ops.collective import BUS_FACTOR, collective, torch_reference
+from kbtorch.ops.collective_concurrent import concurrent, on_groups
 from kbtorch.ops.collective_group import make_grid, resolve_group
 from kbtorch.ops.collective_plan import ALGOS, KINDS, CollectiveError, schedule
 from kbtorch.topology import load_machine

@@ -3,7 +3,7 @@
 ``redistribute(x, placements)`` changes the placement mesh dimension by mesh dimension and
 runs the collective that change needs on the PEs of every line of that dimension at once,
 recording it on the stream (one line: the algorithm with the least estimate; several:
-rings side by side: ``kbtorch.ops.collective.on_groups``; cached per shape):
+rings side by side: ``kbtorch.ops.collective_concurrent.on_groups``; cached per shape):
 
 - ``Shard(d) -> Replicate()``: all-gather; ``Partial() -> Replicate()``: all-reduce;
   ``Partial() -> Shard(d)``: reduce-scatter, each of the tensor's full size per member;
@@ -23,7 +23,7 @@ from math import prod
 
 import torch
 
-from ..ops.collective import on_groups_run
+from ..ops.collective_concurrent import on_groups_run
 from .dispatch import root
 from .kernels import Timed, kernel_dtype
 from .placement import Partial, Replicate, Shard, Spec

@@ -1,0 +1,75 @@
+"""Several collectives at once on one simulator: groups of PEs side by side (the device's
+redistributions over every line of a mesh), sharing links, HBM controllers and routers.
+"""
+from __future__ import annotations
+
+from ..kernel import run_programs
+from .collective import collective, padded_bytes
+from .collective_group import make_grid, resolve_group
+from .collective_kernel import CollectiveKernel
+from .collective_plan import CollectiveError, schedule
+from .contract import DTYPES, as_machine
+
+__all__ = ["concurrent", "concurrent_run", "on_groups", "on_groups_run"]
+
+
+def concurrent(specs: list, *, machine=None, mode: str = "fast") -> list[float]:
+    """Run several collectives at the same time on one simulator; -> each one's finish (ns)
+    (``concurrent_run`` for the run itself)."""
+    result, groups = concurrent_run(specs, machine=machine, mode=mode)
+    return [max(result.pe_finish_ps.get(pe, 0) for pe in pes) / 1000 for pes in groups]
+
+
+def concurrent_run(specs: list, *, machine=None, mode: str = "fast") -> tuple:
+    """Run several collectives at the same time on one simulator; -> (RunResult, each one's PEs).
+
+    ``specs``: dicts with ``kind``, ``group``, ``nbytes`` and optionally ``algo`` (not
+    ``auto``), ``op``, ``dtype``, ``packet_bytes``. The groups must not share a PE (each
+    PE's semaphores and buffers belong to one collective); they may share links, HBM
+    controllers and routers, and then share their bandwidth."""
+    machine = as_machine(machine)
+    programs: dict = {}
+    groups = []
+    for i, spec in enumerate(specs):
+        pes = resolve_group(machine, spec["group"])
+        taken = set(pes) & set(programs)
+        if taken:
+            raise CollectiveError(f"collective {i} ({spec['kind']}): PE {min(taken)} is already in another collective")
+        grid = make_grid(machine, pes)
+        dtype = spec.get("dtype", "f16")
+        sched = schedule(spec["kind"], spec.get("algo", "ring"), grid)
+        eb = DTYPES[dtype].bytes
+        padded = padded_bytes(sched, spec["nbytes"], eb)
+        if padded is None:
+            raise CollectiveError(f"collective {i} ({spec['kind']}): {spec['nbytes']} bytes do not split into "
+                                  f"{sched.blocks} equal blocks")
+        kernel = CollectiveKernel(machine, sched, grid, padded, eb, dtype, spec.get("op", "sum"),
+                                  spec.get("packet_bytes"))
+        programs.update(kernel.programs())
+        groups.append(pes)
+    return run_programs(programs, machine, mode=mode), groups
+
+
+def on_groups(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", machine=None) -> tuple[float, str]:
+    """(latency ns, algorithm) of ``on_groups_run``."""
+    return on_groups_run(kind, groups, nbytes=nbytes, dtype=dtype, machine=machine)[:2]
+
+
+def on_groups_run(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", machine=None) -> tuple:
+    """Collective ``kind`` of ``nbytes`` per member on every group of ``groups`` (disjoint,
+    of one size) at once: -> (latency ns, algorithm, RunResult). One group takes the algorithm with
+    the least estimate (``algo="auto"``) with its members' blocks in the grid's coordinate
+    order (``order="grid"``); several run rings side by side (``concurrent``).
+
+    NOTE: which member of a group holds which shard is the deployment's choice: every shard
+    is the same size and every PE does the same work on its own, so only the collectives
+    see the order. Torch's rank order would make a 2d reduce-scatter or all-gather over 256
+    PEs move each block as its own packet (the blocks a member handles are strided); the
+    grid order makes them consecutive, as a kernel laid out for the machine would."""
+    if len(groups) == 1:
+        run = collective(kind, group=list(groups[0]), nbytes=nbytes, dtype=dtype, algo="auto", machine=machine,
+                         order="grid")
+        return run.latency_ns, run.algo, run.result
+    specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo="ring") for g in groups]
+    result, members = concurrent_run(specs, machine=machine)
+    return max(max(result.pe_finish_ps.get(pe, 0) for pe in pes) for pes in members) / 1000, "ring", result
