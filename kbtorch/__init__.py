@@ -12,7 +12,7 @@ from .tensor.tensor import distribute_tensor, timing_only
 from .topology import current_machine, use
 
 _register()
-_compile.register()
+_compile.listen_for_breaks()
 
 __all__ = ["graph", "graphed", "Mesh", "Partial", "Replicate", "Shard", "current_machine", "default_spec",
            "distribute_tensor", "profile", "timing_only", "use"]

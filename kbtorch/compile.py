@@ -1,6 +1,6 @@
 """``torch.compile(fn_or_module, backend="kbtorch")``: dynamo's graphs as kbtorch graphs.
 
-The backend (registered with dynamo under the name ``"kbtorch"`` when kbtorch is imported)
+The backend (found by dynamo under the name ``"kbtorch"`` through the package's entry point)
 takes each FX graph dynamo captures, lowers it to aten ops (``make_fx``: the aten graph,
 decomposed as dispatch decomposes, with the fused ops kbtorch runs whole, SDPA and the
 norms, kept whole), and returns a function that runs that aten graph on the device inside
@@ -13,7 +13,7 @@ Graph breaks: code dynamo cannot trace runs eagerly between the compiled graphs 
 go on the stream one by one); ``breaks()`` lists each break dynamo reported, with its
 reason and source line. A call with new shapes makes dynamo recompile: the backend says so
 (``compiled()`` lists every graph it compiled, with its input shapes). Shapes are static:
-registering the backend turns dynamo's automatic dynamic shapes off.
+the backend's first call turns dynamo's automatic dynamic shapes off.
 """
 from __future__ import annotations
 
@@ -46,6 +46,9 @@ def _aten(gm, example_inputs):
 
 def backend(gm, example_inputs):
     """The ``"kbtorch"`` dynamo backend (see the module docstring)."""
+    # NOTE: kernels are planned and simulated for concrete shapes: a new shape recompiles
+    # (dynamo would otherwise turn a changed size into a symbolic one on the next call).
+    torch._dynamo.config.automatic_dynamic_shapes = False
     aten_gm = _aten(gm, example_inputs)
     shapes = [tuple(int(s) for s in x.shape) if isinstance(x, torch.Tensor) else x for x in example_inputs]
     number = len(_COMPILED)
@@ -94,15 +97,20 @@ def compiled() -> list[dict]:
 
 
 def register() -> None:
-    """Register the backend with dynamo as ``"kbtorch"`` (once)."""
+    """Register the backend with dynamo as ``"kbtorch"`` by hand (once): an installed kbtorch
+    needs no call, dynamo finds it by its ``torch_dynamo_backends`` entry point (pyproject)."""
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
     if "kbtorch" not in _BACKENDS:
         register_backend(name="kbtorch")(backend)
-        # NOTE: kernels are planned and simulated for concrete shapes: a new shape recompiles
-        # (dynamo would otherwise turn a changed size into a symbolic one on the second call).
-        torch._dynamo.config.automatic_dynamic_shapes = False
-        # NOTE: dynamo's own graph-break records, taken at DEBUG and not printed again.
-        breaks_log = logging.getLogger("torch._dynamo.symbolic_convert.__graph_breaks")
+
+
+def listen_for_breaks() -> None:
+    """Take dynamo's graph-break records (at DEBUG, not printed again), once per process.
+
+    NOTE: only a logger is configured here: importing dynamo itself takes ~2 s, which
+    ``import kbtorch`` does not pay; dynamo loads the backend when a compile first asks for it."""
+    breaks_log = logging.getLogger("torch._dynamo.symbolic_convert.__graph_breaks")
+    if not any(isinstance(h, _BreakLog) for h in breaks_log.handlers):
         breaks_log.setLevel(logging.DEBUG)
         breaks_log.propagate = False
         breaks_log.addHandler(_BreakLog())
