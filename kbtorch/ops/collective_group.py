@@ -87,20 +87,27 @@ def resolve_group(machine, spec) -> tuple:
     return pes
 
 
-def _level_group(machine, spec: str) -> tuple:
-    name, colon, index = spec.partition(":")
-    known = []
-    for lv, _ in _levels(machine.pes[0]):
-        if lv not in known:
-            known.append(lv)
-    if name not in known[:-1]:
-        raise CollectiveError(f"unknown group '{spec}' on topology '{machine.name}' "
-                              f"(known: all, {', '.join(known[:-1])}, a list like 0-7,16, or name:index)")
-    depth = known.index(name) + 1
+def levels_of(machine) -> list:
+    """The hierarchy levels that group PEs (``cube``, ``sip``, ``chip`` ...), outermost first."""
+    return list(dict.fromkeys(lv for lv, _ in _levels(machine.pes[0])))[:-1]
+
+
+def level_instances(machine, level: str) -> dict:
+    """``{instance key: [PE ids]}`` of every instance of hierarchy level ``level``, in order."""
+    depth = levels_of(machine).index(level) + 1
     instances: dict = {}
     for pe in machine.pes:
-        key = tuple(part for _, part in _levels(pe)[:depth])
-        instances.setdefault(key, []).append(pe.id)
+        instances.setdefault(tuple(part for _, part in _levels(pe)[:depth]), []).append(pe.id)
+    return instances
+
+
+def _level_group(machine, spec: str) -> tuple:
+    name, colon, index = spec.partition(":")
+    known = levels_of(machine)
+    if name not in known:
+        raise CollectiveError(f"unknown group '{spec}' on topology '{machine.name}' "
+                              f"(known: all, {', '.join(known)}, a list like 0-7,16, or name:index)")
+    instances = level_instances(machine, name)
     keys = list(instances)
     if colon and not (index.isascii() and index.isdigit()):
         raise CollectiveError(f"group '{spec}': expected an instance number after ':' "

@@ -24,7 +24,7 @@ import torch
 
 from ..kernel import run_programs
 from . import collective_model as model
-from .collective_group import _levels, make_grid
+from .collective_group import level_instances, levels_of, make_grid
 from .collective_plan import ALGOS, CollectiveError, reference, schedule
 
 BLOCKED = ("all_gather", "reduce_scatter", "all_to_all")
@@ -42,15 +42,11 @@ def parse(group: str) -> tuple[str, int | None]:
 def units(machine, level: str, k: int | None = None) -> list:
     """The PE ids of every instance of ``level`` (``chip``), in order; all of one size; only
     ``k`` of each, evenly spaced, if given."""
-    known = list(dict.fromkeys(lv for lv, _ in _levels(machine.pes[0])))
-    if level not in known[:-1]:
+    known = levels_of(machine)
+    if level not in known:
         raise CollectiveError(f"group 'across:{level}': unknown level on topology '{machine.name}' "
-                              f"(known: {', '.join(known[:-1])})")
-    depth = known.index(level) + 1
-    found: dict = {}
-    for pe in machine.pes:
-        found.setdefault(tuple(p for _, p in _levels(pe)[:depth]), []).append(pe.id)
-    out = list(found.values())
+                              f"(known: {', '.join(known)})")
+    out = list(level_instances(machine, level).values())
     if len(out) < 2:
         raise CollectiveError(f"group 'across:{level}': topology '{machine.name}' has one {level}")
     if len({len(u) for u in out}) != 1:
