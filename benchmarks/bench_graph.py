@@ -49,36 +49,11 @@ def layer_point(topology: str, batch: int, kv_len: int) -> dict:
 
 
 def model_point(kv_len: int) -> dict:
-    """The whole 28-layer model (``bench_qwen``'s decode point) as ONE graph: a layer's last
-    residual add fuses with the next layer's norm; a periodic graph (3 layers simulated)."""
-    import torch
-
-    import kbtorch
-    from kbtorch.models.qwen2 import QWEN2_5_7B as cfg
-    from kbtorch.models.qwen2 import KVCache, Model, tensor_parallel
-    from kbtorch.models.qwen2_run import lm_head_ns
-    t0 = time.perf_counter()
-    with kbtorch.timing_only():
-        with torch.device("meta"):
-            model = Model(cfg).to(torch.bfloat16)
-        model.to("ahbm")
-        tensor_parallel(model)
-    with kbtorch.timing_only(), torch.inference_mode():
-        shape = (1, cfg.kv_heads, kv_len + 1, cfg.head_dim)
-        caches = [KVCache(torch.empty(shape, dtype=torch.bfloat16, device="ahbm"),
-                          torch.empty(shape, dtype=torch.bfloat16, device="ahbm"), kv_len) for _ in range(cfg.layers)]
-        token = torch.zeros(1, 1, dtype=torch.long, device="ahbm")
-        with kbtorch.profile() as prof, kbtorch.graph(name="qwen2.5-7b decode") as g:
-            model(token, torch.tensor([kv_len]), caches)
-    head_ns, head_bytes = lm_head_ns(cfg, 1, graph=True)
-    token_ns = prof.total_ns + head_ns
-    weights = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("embed")) * 2
-    kv_bytes = cfg.layers * 2 * cfg.kv_heads * (kv_len + 1) * cfg.head_dim * 2
-    machine = kbtorch.current_machine()
-    peak = machine.hbm_gbps(range(len(machine.pes)))
-    return {"kind": "model", "kv_len": kv_len, "token_us": token_ns / 1000, "tokens_per_s": 1e9 / token_ns,
-            "pct_hbm": 100 * (weights + kv_bytes + head_bytes) / token_ns / peak, "kernels": len(g.plan.kernels),
-            "graph_detail": prof.records[0].detail, "wall_s": time.perf_counter() - t0}
+    """The whole 28-layer model (``bench_qwen``'s decode point) as ONE graph."""
+    import bench_qwen
+    rec = bench_qwen.decode_point(kv_len, graph=True)
+    del rec["ops"]
+    return rec
 
 
 def hf_point(mode: str, prompt: int, new: int) -> dict:

@@ -34,7 +34,11 @@ TARGET_L = 16384          # the KV length the HBM target is stated at
 TARGETS = {"decode_pct_hbm": 70.0, "prefill_2048_wall_s": 10.0, "decode_wall_s": 20.0, "peak_gb": 2.0}
 
 
-def decode_point(kv_len: int) -> dict:
+def decode_point(kv_len: int, graph: bool = False) -> dict:
+    """The whole model's decode step at ``kv_len``: eager, or (``graph``) as ONE graph
+    (``bench_graph``: a layer's last residual add fuses with the next layer's norm; a
+    periodic graph, 3 layers simulated)."""
+    from contextlib import nullcontext
     import torch
 
     import kbtorch
@@ -52,17 +56,20 @@ def decode_point(kv_len: int) -> dict:
         caches = [KVCache(torch.empty(shape, dtype=torch.bfloat16, device="ahbm"),
                           torch.empty(shape, dtype=torch.bfloat16, device="ahbm"), kv_len) for _ in range(cfg.layers)]
         token = torch.zeros(1, 1, dtype=torch.long, device="ahbm")
-        with kbtorch.profile() as prof:
+        with kbtorch.profile() as prof, (kbtorch.graph(name="qwen2.5-7b decode") if graph else nullcontext()) as g:
             model(token, torch.tensor([kv_len]), caches)
-    head_ns, head_bytes = lm_head_ns(cfg, 1)
+    head_ns, head_bytes = lm_head_ns(cfg, 1, graph=graph)
     token_ns = prof.total_ns + head_ns
     weights = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("embed")) * 2
     kv_bytes = cfg.layers * 2 * cfg.kv_heads * (kv_len + 1) * cfg.head_dim * 2
     moved = weights + kv_bytes + head_bytes
     machine = kbtorch.current_machine()
     peak = machine.hbm_gbps(range(len(machine.pes)))
-    return {"kind": "decode", "kv_len": kv_len, "token_us": token_ns / 1000, "tokens_per_s": 1e9 / token_ns,
-            "pct_hbm": 100 * moved / token_ns / peak, "ops": len(prof.records), "wall_s": time.perf_counter() - t0}
+    rec = {"kind": "decode", "kv_len": kv_len, "token_us": token_ns / 1000, "tokens_per_s": 1e9 / token_ns,
+           "pct_hbm": 100 * moved / token_ns / peak, "ops": len(prof.records), "wall_s": time.perf_counter() - t0}
+    if graph:
+        rec.update(kind="model", kernels=len(g.plan.kernels), graph_detail=prof.records[0].detail)
+    return rec
 
 
 def prefill_point(seq: int) -> dict:
