@@ -1,13 +1,21 @@
 """Symmetry reduction: a reduced run equals the full run in latency, attribution and counters."""
+from pathlib import Path
+
 import pytest
 
-from kbtorch.kernel import build, launch
+from kbtorch.kernel import build, launch, run_programs
+from kbtorch.ops.collective import collective
+from kbtorch.ops.collective_group import make_grid, resolve_group
+from kbtorch.ops.collective_kernel import CollectiveKernel
+from kbtorch.ops.collective_plan import schedule
 from kbtorch.ops.elementwise import elementwise_kernel
 from kbtorch.ops.gemm import simulate
 from kbtorch.ops.gemm_kernel import gemm_kernel
 from kbtorch.ops.gemm_plan import GemmTiling, plan
 from kbtorch.sim import symmetry
 from kbtorch.sim.simulator import Simulator
+from kbtorch.topology.loader import resolve_doc
+from kbtorch.topology.machine import Machine
 
 
 def _same(full, red):
@@ -76,3 +84,62 @@ def test_traffic_between_units_is_not_reduced(ahbm):
 def test_trace_runs_are_never_reduced(ahbm):
     args = (elementwise_kernel, range(16), ahbm, "add", 4096, 2, 2, "bf16", 1, 1.0)
     assert launch(*args, trace=True).events == launch(*args, symmetric=False).events
+
+
+# ---- systems of chips (issue 23): identical chips are simulated once where their work is independent ----
+SYSTEM = str(Path(__file__).resolve().parent / "data" / "tiny_system.toml")
+
+
+def _system(edit=None, routing=None):
+    """A fresh tiny_system machine (not the cached one): ``edit(graph)`` changes its hardware,
+    ``routing`` sets its ``[routing]`` table."""
+    doc = resolve_doc(SYSTEM)
+    if routing is not None:
+        doc["routing"] = routing
+    m = Machine(SYSTEM, doc=doc)
+    if edit is not None:
+        edit(m.graph)
+    return m
+
+
+def _per_chip_all_reduce(m, nbytes=64 * 1024):
+    """A ring all-reduce inside every chip, all chips at once: -> (programs, chips' PEs)."""
+    chips = [resolve_group(m, f"chip:{c}") for c in range(m.chips)]
+    programs = {}
+    for pes in chips:
+        sched = schedule("all_reduce", "ring", make_grid(m, pes))
+        programs.update(CollectiveKernel(m, sched, make_grid(m, pes), nbytes, 2, "bf16", "sum").programs())
+    return programs, chips
+
+
+@pytest.mark.parametrize("routing", [None, {"policy": "port-spray", "port_kind": "nic"}])
+def test_identical_chips_are_simulated_once(routing):
+    m = _system(routing=routing)
+    programs, _ = _per_chip_all_reduce(m)
+    red = symmetry.reduce(m, programs)
+    assert len(red.members) == 1 and len(next(iter(red.members.values()))) == 4
+    assert {p.split(".")[1] for p in next(iter(red.members.values()))} == {"chip0", "chip1"}
+    _same(run_programs(programs, m, symmetric=False), run_programs(programs, m))
+
+
+def test_a_chip_that_differs_is_its_own_class():
+    def slow_chip3(g):
+        for u, v, d in g.edges(data=True):
+            if u.startswith("tray1.chip1.") and d["kind"] == "noc":
+                d["flit_ps"] *= 2
+    m = _system(slow_chip3)
+    programs, chips = _per_chip_all_reduce(m)
+    red = symmetry.reduce(m, programs)
+    assert sorted(len(g) for g in red.members.values()) == [1, 3]
+    assert "tray1.chip1." in red.members
+    full = run_programs(programs, m, symmetric=False)
+    _same(full, run_programs(programs, m))
+    assert max(full.pe_finish_ps[p] for p in chips[3]) > max(full.pe_finish_ps[p] for p in chips[0])
+
+
+@pytest.mark.parametrize("group", ["across:chip", "all"])
+def test_a_collective_across_chips_is_not_reduced(group):
+    m = _system()
+    run = collective("all_reduce", group=group, machine=m, nbytes=64 * 1024, dtype="bf16", algo="ring")
+    assert not symmetry.reduce(m, run.result.programs).reduced
+    assert "represented_units" not in run.result.stats
