@@ -49,6 +49,7 @@ class CollectiveKernel(KernelLayout):
         super().__init__(*args, **kw)
         self._arrivals: dict = {}
         self.multicast = bool(self.m.multicast_nodes)
+        self.tree_log: set = set()      # (src, dsts, one tree?) of every grouping asked (``multicasts_alike``)
 
     # ---- emission -----------------------------------------------------------------------
     def _order(self):
@@ -97,7 +98,8 @@ class CollectiveKernel(KernelLayout):
         self._use_indices()
         for rnd, k, step, pieces in self._order():
             sends = [(x, bs, k0, ne) for x, bs, k0, ne in self._each(step, pieces) if (id(x), bs[0], k0) not in self.fused]
-            for group in (multicast_copies(self.m, self.grid.pes, sends) if self.multicast else ([s] for s in sends)):
+            for group in (multicast_copies(self.m, self.grid.pes, sends, self.tree_log) if self.multicast
+                          else ([s] for s in sends)):
                 if len(group) == 1 or len(self._split(group[0][0].src, group[0][1], group[0][2])) > 1:
                     for x, bs, k0, ne in group:
                         self._send(k, x, bs, k0, ne)
@@ -110,6 +112,12 @@ class CollectiveKernel(KernelLayout):
                 if self.where.get((r, b, 0)) != "out":
                     raise AssertionError(f"{s.algo}: member {r} block {b} did not reach OUT")
         return {ctx.pe: ctx.commands for ctx in self.ctx}
+
+    def multicasts_alike(self, pes: tuple) -> bool:
+        """Whether members on PEs ``pes`` (another line of the same shape) would group this
+        kernel's copies into multicasts as it did: the only choice of the kernel that depends
+        on routes (``multicast_copies``)."""
+        return all(_tree_ok(self.m, pes[s], tuple(pes[d] for d in ds)) == ok for s, ds, ok in self.tree_log)
 
     def _use_indices(self) -> None:
         """Number every slot use of every channel in emission order: ``use_of[(id(xfer),
@@ -331,10 +339,11 @@ class CollectiveKernel(KernelLayout):
             ctx.send(self.grid.pes[src], f"c{r}", wait=f"k{src}", label=f"credit to {src}")
 
 
-def multicast_copies(machine, pes: tuple, sends: list) -> list:
+def multicast_copies(machine, pes: tuple, sends: list, log: set | None = None) -> list:
     """``sends`` ((xfer, blocks, piece, elements), in order) grouped: the copies of the same
     packet from the same member, when the tree from its HBM to the receivers' HBMs splits only
-    at multicast routers, form one group (at the place of the first); the rest stay alone."""
+    at multicast routers, form one group (at the place of the first); the rest stay alone.
+    ``log`` collects every (member, receivers, one tree?) asked."""
     groups, at = [], {}
     for s in sends:
         x, bs, k0, _ = s
@@ -349,10 +358,13 @@ def multicast_copies(machine, pes: tuple, sends: list) -> list:
             groups.append([s])
     out = []
     for g in groups:
-        if len(g) > 1 and not _tree_ok(machine, pes[g[0][0].src], tuple(pes[y.dst] for y, *_ in g)):
-            out.extend([s] for s in g)
-        else:
+        ok = len(g) == 1 or _tree_ok(machine, pes[g[0][0].src], tuple(pes[y.dst] for y, *_ in g))
+        if len(g) > 1 and log is not None:
+            log.add((g[0][0].src, tuple(y.dst for y, *_ in g), ok))
+        if ok:
             out.append(g)
+        else:
+            out.extend([s] for s in g)
     return out
 
 

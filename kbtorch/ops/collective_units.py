@@ -24,6 +24,7 @@ import torch
 
 from ..kernel import run_programs
 from . import collective_model as model
+from . import collective_rename as rename
 from .collective_group import level_instances, levels_of, make_grid
 from .collective_plan import ALGOS, CollectiveError, reference, schedule
 
@@ -69,13 +70,26 @@ def shares(kind: str, unit_elems: int, n: int, k: int) -> list[int]:
 
 def build(kind, algo, machine, lines, sizes, eb, dtype, op, root, packet_bytes, order, build_one):
     """(schedule, kernels, merged programs, busy ps per resource, startup ps) of ``algo`` on
-    every line (``build_one``: collective._build for one grid)."""
-    programs, kernels, startup, sched = {}, [], 0, None
+    every line (``build_one``: collective._build for one grid).
+
+    NOTE: a line of the same share as an earlier one, on PEs of the same hardware (see
+    ``collective_rename``), takes that line's programs renamed to its own PEs instead of
+    being built again: the kernel's commands depend only on the schedule, the share and the
+    PEs' own memories, so the renamed programs are the ones a build would give (tested)."""
+    programs, kernels, startup, sched, first = {}, [], 0, None, {}
     for pes, u in zip(lines, sizes):
         grid = make_grid(machine, pes)
         nbytes = u * eb * (len(pes) if kind in BLOCKED else 1)
-        sched, kernel, progs, _, st = build_one(kind, algo, machine, grid, nbytes, eb, dtype, op, root,
-                                                packet_bytes, order)
+        progs = None
+        if u in first:
+            grid0, sched, kernel, progs0 = first[u]
+            progs = rename.programs(machine, progs0, grid0, grid, multicast=not kernel.multicasts_alike(grid.pes))
+        if progs is not None:
+            st = model.startup_ps(machine, sched, grid.pes, min(kernel.packet_elems, kernel.block_elems) * eb)
+        else:
+            sched, kernel, progs, _, st = build_one(kind, algo, machine, grid, nbytes, eb, dtype, op, root,
+                                                    packet_bytes, order)
+            first.setdefault(u, (grid, sched, kernel, progs))
         programs.update(progs)
         kernels.append(kernel)
         startup = max(startup, st)

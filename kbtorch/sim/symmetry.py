@@ -200,7 +200,7 @@ def _canon(x, rel, rel_pe):
 
 
 @lru_cache(maxsize=4096)
-def _hardware(machine, unit: str) -> tuple:
+def hardware(machine, unit: str) -> tuple:
     """The nodes and links inside ``unit``, named relative to it."""
     g = machine.graph
     n = len(unit)
@@ -249,7 +249,7 @@ def reduce(machine, programs: dict) -> Reduction:
         # launch (kernel launch); a whole unit launched later runs the same run shifted.
         starts = [machine.launch_ps(pe) for pe in sorted(pes)]
         base[unit] = min(starts)
-        sig = (_hardware(machine, unit), _routes(machine, unit, paths, rel),
+        sig = (hardware(machine, unit), _routes(machine, unit, paths, rel),
                tuple(t - base[unit] for t in starts),
                tuple((rel_pe(pe), tuple(_canon(c, rel, rel_pe) for c in programs[pe])) for pe in sorted(pes)))
         classes.setdefault(sig, []).append(unit)

@@ -1,0 +1,77 @@
+"""Lines of a collective across chips: a line's programs renamed to another line's PEs are
+the programs a build of that line gives (kbtorch/ops/collective_rename.py)."""
+from pathlib import Path
+
+import pytest
+
+from kbtorch.ops import collective_rename as rename
+from kbtorch.ops import collective_units as units
+from kbtorch.ops.collective import _build
+from kbtorch.ops.collective_group import make_grid
+from kbtorch.topology import load_machine
+from kbtorch.topology.loader import resolve_doc
+from kbtorch.topology.machine import Machine
+
+SYSTEM = str(Path(__file__).resolve().parent / "data" / "tiny_system.toml")
+
+
+def _lines(m, k):
+    found = units.units(m, "chip", k)
+    return [tuple(u[t] for u in found) for t in range(k)]
+
+
+@pytest.mark.parametrize("name,k,kind,algo,nbytes", [
+    (SYSTEM, 4, "all_reduce", "bidir-ring", 64 * 1024), (SYSTEM, 2, "all_gather", "direct", 4 * 8192),
+    (SYSTEM, 4, "reduce_scatter", "ring", 4 * 16384), ("maia200_x8", 4, "all_reduce", "bidir-ring", 2**20),
+    ("maia200_x8", 2, "all_reduce", "tree", 2**20), ("maia200_x8", 4, "all_gather", "direct", 8 * 2**16)])
+def test_renamed_line_equals_its_build(name, k, kind, algo, nbytes):
+    m = load_machine(name)
+    lines = _lines(m, k)
+    built = [_build(kind, algo, m, make_grid(m, ln), nbytes, 2, "bf16", "sum", 0, None, "rank")[2] for ln in lines]
+    for t in range(1, k):
+        got = rename.programs(m, built[0], make_grid(m, lines[0]), make_grid(m, lines[t]))
+        assert got is not None and got == built[t]
+        assert got != built[0]
+
+
+def test_build_of_every_line_renames_and_matches_the_full_build():
+    m = load_machine("maia200_x8")
+    lines, sizes = _lines(m, 4), [2**18] * 4
+    args = ("all_reduce", "bidir-ring", m, lines, sizes, 2, "bf16", "sum", 0, None, "rank", _build)
+    fast = units.build(*args)
+    calls = []
+
+    def counted(*a, **kw):
+        calls.append(a[3].pes)
+        return _build(*a, **kw)
+    assert units.build(*args[:-1], counted)[2] == fast[2]
+    assert len(calls) == 1
+
+
+def test_lines_on_different_hardware_or_memories_are_built():
+    m = load_machine(SYSTEM)
+    a, b = _lines(m, 2)
+    progs = _build("all_reduce", "ring", m, make_grid(m, a), 4096, 2, "bf16", "sum", 0, None, "rank")[2]
+    ga, gb = make_grid(m, a), make_grid(m, b)
+    assert rename.programs(m, progs, ga, gb) is not None
+    assert rename.programs(m, progs, ga, gb, multicast=True) is None
+    assert rename.programs(m, progs, ga, make_grid(m, b[::-1])) is None       # another ring order
+    assert rename.programs(m, progs, ga, make_grid(m, b[:-1])) is None
+    slow = Machine(SYSTEM, doc=resolve_doc(SYSTEM))
+    slow.digest += "+slow-pe"       # NOTE: machines are equal (and cached) by content: this one differs
+    for u, v, d in slow.graph.edges(data=True):
+        if u.startswith(slow.pes[b[2]].prefix) and d["kind"] == "tcm":
+            d["flit_ps"] *= 2
+    assert rename.programs(slow, progs, make_grid(slow, a), make_grid(slow, b)) is None    # a PE differs
+
+
+def test_multicast_groupings_decide_whether_a_line_is_renamed():
+    m = load_machine("maia200_x8")
+    lines = _lines(m, 4)
+    sched, kernel, *_ = _build("all_gather", "direct", m, make_grid(m, lines[0]), 8 * 2**16, 2, "bf16", "sum", 0,
+                               None, "rank")
+    assert kernel.multicast and kernel.tree_log
+    assert kernel.multicasts_alike(lines[1])
+    flipped = {(s, ds, not ok) for s, ds, ok in kernel.tree_log}
+    kernel.tree_log = flipped
+    assert not kernel.multicasts_alike(lines[1])
