@@ -41,6 +41,7 @@ class Planned:
     deps: frozenset
     members: tuple
     late: frozenset = frozenset()       # dependencies only its MATH engine waits for (an epilogue's operands)
+    epilogue: tuple = ()                # a GEMM epilogue's arguments after ``graph, gemm`` (``epilogue``)
 
 
 @dataclass(frozen=True)
@@ -213,8 +214,9 @@ def _fused(graph, group: list) -> dict:
         # NOTE: the GEMM's store writes the chain's last result in place of C.
         extra = max(0, len(written) - (0 if group[0] in outs else 1))
         ratio = sum(v.n * v.out_ratio for v in written[:extra]) / n
-        tail = epilogue(graph, head, vecs[-1], n, max(0, len(ins) - 2), eb, flops, ratio)
-        return dict(programs=tail, kernel="gemm+epilogue", detail=f"{head.detail}; epilogue {names}")
+        args = (vecs[-1], n, max(0, len(ins) - 2), eb, flops, ratio)
+        return dict(programs=epilogue(graph, head, *args), kernel="gemm+epilogue", detail=f"{head.detail}; epilogue {names}",
+                    epilogue=args)
     ratio = sum(v.n * v.out_ratio for v in written) / n
     vec = vecs[-1]
     pes = list(vec.pes)[:max(1, min(len(vec.pes), n))]

@@ -25,6 +25,7 @@ control flow and host values read during capture (``.item()``) are fixed, as in 
 """
 from __future__ import annotations
 
+import functools
 import sys
 import traceback
 import weakref
@@ -41,7 +42,7 @@ from .dispatch import dispatch, is_ahbm, root
 from .kernels import Timed
 from .stream import CAPTURE
 from .tensor import AhbmTensor
-from . import fusion, scheduler
+from . import fusion, overlap, scheduler
 
 #: Simulated graphs kept (key -> Scheduled plan); the oldest is dropped beyond this.
 CACHE_MAX = 64
@@ -112,11 +113,11 @@ class Graph:
     ``plan`` (the fused kernels and their schedule), ``latency_ns`` and ``report()``."""
 
     def __init__(self, machine=None, *, fuse: bool = True, mode: str = "auto", name: str = "graph",
-                 periodic: bool = True, order: str = "program"):
+                 periodic: bool = True, order: str = "program", overlap: bool = True):
         if order not in ("program", "ready"):
             raise ValueError(f"kbtorch.graph(order={order!r}): 'program' or 'ready'")
         self.machine, self.fuse, self.mode, self.name = machine, fuse, mode, name
-        self.periodic, self.order = periodic, order
+        self.periodic, self.order, self.overlap = periodic, order, overlap
         self.nodes: list[Node] = []
         self.kernels: list[Kernel] = []
         self.depth = 0
@@ -235,11 +236,12 @@ class Graph:
             return
         machine = self.machine or current_machine()
         # NOTE: the key is known before fusion builds anything: a cached graph costs a lookup.
-        key = (id(machine), self.mode, self.periodic, self.order, fusion.key(self))
+        key = (id(machine), self.mode, self.periodic, self.order, self.overlap, fusion.key(self))
         got = _CACHE.get(key)
         self.cached = got is not None
         if got is None:
             plan = fusion.plan(self) if self.fuse else fusion.unfused(self)
+            plan = overlap.rewrite(self, plan) if self.overlap else plan
             progs, deps = [k.programs for k in plan.kernels], [k.deps for k in plan.kernels]
             late = [k.late for k in plan.kernels]
             est = [sum(self.kernels[m].timed.result.latency_ps for m in k.members) for k in plan.kernels] \
@@ -319,6 +321,9 @@ def graphed(fn, *, name: str | None = None, **options):
     call = module.forward if module is not None else fn
     label = name or getattr(type(module), "__name__", None) or getattr(fn, "__name__", "graph")
 
+    # NOTE: ``wraps``: the wrapper keeps ``call``'s signature; Hugging Face's ``generate()``
+    # reads it (a forward without ``logits_to_keep`` gets the LM head of every position).
+    @functools.wraps(call)
     def wrapper(*args, **kwargs):
         with Graph(name=label, **options) as g:
             out = call(*args, **kwargs)
