@@ -172,3 +172,33 @@ def test_chrome_trace_puts_concurrent_kernels_on_their_own_lanes(small, tmp_path
     parts = [e for e in events if e.get("cat") not in ("usage", "command") and e["ph"] == "X" and "PEs" in
              e.get("args", {}).get("detail", "")]
     assert len(lanes) >= 2 and len(parts) == len(prof.records[0].parts)
+
+
+def test_a_norm_fuses_into_the_next_gemms_prologue(small):
+    g_, w1, w2 = torch.randn(64).to("ahbm"), torch.randn(64, 64).to("ahbm"), torch.randn(64, 64).to("ahbm")
+    r = torch.randn(16, 64).to("ahbm")
+
+    def fn(x):
+        s = x + r
+        h = torch.nn.functional.rms_norm(s, (64,), g_, 1e-6)
+        return s, h @ w1, h @ w2
+    x = torch.randn(16, 64)
+    want = fn(x.to("ahbm"))
+    with kbtorch.graph(fuse=False) as plain:
+        fn(x.to("ahbm"))
+    with kbtorch.graph() as fused:
+        got = fn(x.to("ahbm"))
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a.cpu(), e.cpu())
+    kinds = [k.kernel for k in fused.plan.kernels]
+    assert kinds.count("norm+gemm") == 2 and "aten::rms_norm" in fused.report()
+    assert not any(graph_mod.fusion.NORMS[0] == fused.nodes[fused.kernels[k.members[-1]].node].name
+                   and k.kernel.endswith("vector") for k in fused.plan.kernels)
+    assert sum(k.flops for k in fused.plan.kernels) == sum(k.flops for k in plain.plan.kernels)
+    from kbtorch.ops.contract import memory_bytes
+    assert memory_bytes(small, fused.schedule.result) < memory_bytes(small, plain.schedule.result)
+    xa = x.to("ahbm")
+    with kbtorch.graph() as held:           # the normalized tensor held after capture: written, no prologue
+        h = torch.nn.functional.rms_norm(xa + r, (64,), g_, 1e-6)
+        y = h @ w1
+    assert "norm+gemm" not in [k.kernel for k in held.plan.kernels] and h.shape == y.shape

@@ -13,7 +13,15 @@ model's pattern:
    result, which nothing else reads, on the GEMM's PEs, runs in the GEMM's store: the GEMM
    writes the chain's result instead of C and each PE applies the chain's MATH to its part
    on its MATH engine, reading only the chain's other inputs (bias, residual, the ``up``
-   of SiLU x up) from HBM.
+   of SiLU x up) from HBM;
+3. **norm prologues**: an RMSNorm (the ``rms_norm`` op, ending a vector chain or alone)
+   whose result only GEMMs read, as their A operand, with nothing between (no collective),
+   runs in those GEMMs: each GEMM PE computes its A rows' statistics on its MATH engine as
+   the A panel streams in (the norm's MATH work over the rows it loads; every reader does
+   it, as a fused QKV kernel's prologue would) and scales its result rows (gamma folded in
+   as A is loaded): the GEMMs read the norm's input instead of its result (the same
+   bytes), the normalized tensor is never written nor read back. The rest of the chain
+   (a residual add before the norm) stays a vector pass, writing what it wrote.
 
 A buffer the program still holds after capture (a graph output) is always written. The
 fused graph keeps every op's FLOPs (``Planned.flops`` sums the members'); its HBM bytes are
@@ -176,8 +184,87 @@ def _acyclic(anc: list, group: list, deps, k: int) -> bool:
 
 
 def plan(graph) -> Plan:
-    """The fused plan (rules 1 and 2 of the module docstring)."""
-    return _assemble(graph, groups(graph), lambda ms: _fused(graph, ms))
+    """The fused plan (rules 1 to 3 of the module docstring)."""
+    return prologues(graph, _assemble(graph, groups(graph), lambda ms: _fused(graph, ms)))
+
+
+NORMS = ("aten::rms_norm",)
+#: GEMMs whose A operand a norm prologue may feed (the norm's result is their activation).
+GEMM_OPS = ("aten::mm", "aten::addmm")
+
+
+def _norm_readers(graph, plan: Plan, i: int, users: dict):
+    """(the norm member, its GEMM readers) when plan kernel ``i`` ends in a norm whose result
+    only GEMMs read as A (rule 3), else None."""
+    k = plan.kernels[i]
+    last = graph.kernels[k.members[-1]]
+    node = graph.nodes[last.node]
+    if node.name not in NORMS or node.kernels != [k.members[-1]] or getattr(last.timed.result, "vector", None) is None:
+        return None
+    out = last.writes
+    # NOTE: an op without a kernel reading it (-1) is a view of it (a reshape for the GEMM): its
+    # readers read the same buffer and are counted here.
+    readers = graph.readers.get(next(iter(out)), set()) - {-1} if len(out) == 1 else set()
+    if not readers or out & graph.live_roots:
+        return None
+    gemms = [u for u in users.get(i, ()) if plan.kernels[u].members[0] in readers]
+    if {plan.kernels[u].members[0] for u in gemms} != readers:
+        return None
+    for u in gemms:
+        head = graph.kernels[plan.kernels[u].members[0]]
+        if plan.kernels[u].kernel not in ("gemm", "gemm+epilogue") or head.timed.kernel != "gemm" \
+                or graph.nodes[head.node].name not in GEMM_OPS:
+            return None
+    return k.members[-1], gemms
+
+
+def prologues(graph, plan: Plan) -> Plan:
+    """Rule 3 (module docstring) on the assembled plan."""
+    users: dict = {}
+    for i, k in enumerate(plan.kernels):
+        for d in k.deps:
+            users.setdefault(d, []).append(i)
+    kernels, gone = list(plan.kernels), {}
+    for i in range(len(kernels)):
+        got = _norm_readers(graph, plan, i, users)
+        if got is None:
+            continue
+        norm, gemms = got
+        k = kernels[i]
+        rest = [m for m in k.members if m != norm]
+        if rest:
+            kernels[i] = replace(k, members=tuple(rest), flops=k.flops - graph.kernels[norm].timed.flops,
+                                 **{f: v for f, v in _fused(graph, rest).items() if f != "epilogue"})
+        else:
+            gone[i] = k.deps
+        vec = graph.kernels[norm].timed.result.vector
+        for j, u in enumerate(gemms):
+            g = kernels[u]
+            kernels[u] = replace(g, programs=_prologue(graph, g.programs, vec),
+                                 members=((norm,) if j == 0 else ()) + g.members,
+                                 flops=g.flops + (graph.kernels[norm].timed.flops if j == 0 else 0),
+                                 kernel=g.kernel.replace("gemm", "norm+gemm", 1), detail=f"{g.detail}; prologue rms_norm")
+    if not gone:
+        return Plan(tuple(kernels), plan.key, plan.keep)
+    at, out = {}, []
+    for i, k in enumerate(kernels):
+        if i in gone:
+            continue
+        at[i] = len(out)
+        deps = set()
+        for d in k.deps:
+            deps |= {at[e] for e in gone[d]} if d in gone else {at[d]}
+        out.append(replace(k, deps=frozenset(deps), late=frozenset(at[d] for d in k.late if d in at)))
+    return Plan(tuple(out), plan.key, plan.keep)
+
+
+def _prologue(graph, programs: dict, vec) -> dict:
+    """``programs`` with each PE's norm statistics and row scaling on its MATH engine, beside
+    its GEMM commands (the norm's MATH work over the rows it holds; launched with them)."""
+    from ..sim.commands import Compute
+    per = -(-vec.n // len(vec.pes)) * vec.flops
+    return {pe: [Compute(per, engine="math", dtype=vec.dtype, label="norm prologue")] + list(cmds) if cmds else cmds
+            for pe, cmds in programs.items()}
 
 
 def _io(graph, group: list) -> tuple[list, list]:
