@@ -86,3 +86,16 @@ def test_no_split_without_a_collective(small):
     with kbtorch.graph() as g:
         x @ w
     assert not any("chunk" in k.kernel for k in g.plan.kernels)
+
+
+def test_a_gemm_reading_an_input_another_op_gathered_waits_for_the_gather(small):
+    xa, w1a, _, _ = _placed(small)
+    mesh = w1a._spec.mesh
+    w3a = kbtorch.distribute_tensor(torch.randn(F, H).to("ahbm"), mesh, [kbtorch.Shard(0)])
+    with kbtorch.graph(overlap=False) as g:
+        a = torch.nn.functional.linear(xa, w1a)
+        b = torch.nn.functional.linear(xa, w3a)
+    kinds = [k.kernel for k in g.plan.kernels]
+    gather = kinds.index(next(k for k in kinds if k.startswith("all_gather")))
+    assert kinds.count(kinds[gather]) == 1 and a.shape == b.shape
+    assert all(gather in k.deps for k in g.plan.kernels if k.kernel == "gemm")

@@ -131,6 +131,7 @@ class Graph:
         self.readers: dict = {}       # id(root) -> kernels reading it (-1: an op without a kernel)
         self._roots: dict = {}        # id(root) -> weakref of every buffer written
         self.live_roots: set = set()  # buffers the program holds after capture (always written)
+        self.replicas: dict = {}      # id(root) -> the kernel that made its replicated copy (a gather)
         self._token = None
 
     # -- capture -----------------------------------------------------------------------------
@@ -191,7 +192,9 @@ class Graph:
         writes = {id(r) for r in made}
         if node.func.overloadpacket.__name__.endswith("_") and args and is_ahbm(args[0]):
             writes.add(id(root(args[0])))
-        before = frozenset().union(*(self._writer.get(r, ()) for r in reads))
+        # NOTE: a buffer read replicated after another op gathered it waits for that gather.
+        gathered = {self.replicas[r] for r in reads if self.replicas.get(r, first) < first}
+        before = frozenset().union(*(self._writer.get(r, ()) for r in reads), gathered)
         hazards = frozenset().union(*(self._writer.get(w, ()) for w in writes),
                                     *(self._readers.get(w, ()) for w in writes))
         mine = list(range(first, len(self.kernels)))
@@ -215,6 +218,7 @@ class Graph:
             self._readers[r] = self._readers.get(r, frozenset()) | {mine[-1]}
         for w in writes:
             self._writer[w], self._readers[w] = frozenset((mine[-1],)), frozenset()
+            self.replicas.pop(w, None)
 
     def _finish_capture(self) -> None:
         """Forget the tensors only the graph held: what stays alive is the program's."""
@@ -223,6 +227,7 @@ class Graph:
         self.live_roots = {r for r, ref in self._roots.items() if ref() is not None}
         self._writer.clear()
         self._readers.clear()
+        self.replicas.clear()
 
     def live(self, slot: Slot) -> bool:
         """Whether the program still holds the value of ``slot`` (a graph output)."""
