@@ -202,3 +202,23 @@ def test_a_norm_fuses_into_the_next_gemms_prologue(small):
         h = torch.nn.functional.rms_norm(xa + r, (64,), g_, 1e-6)
         y = h @ w1
     assert "norm+gemm" not in [k.kernel for k in held.plan.kernels] and h.shape == y.shape
+
+
+def test_the_decomposed_rms_norm_chain_fuses_into_the_gemm_prologue(small):
+    gamma, w = torch.randn(64).to("ahbm"), torch.randn(64, 64).to("ahbm")
+
+    def fn(x):
+        # Hugging Face's RMSNorm forward, op by op
+        v = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        h = gamma * (x * torch.rsqrt(v + 1e-6)).to(x.dtype)
+        return h @ w
+    x = torch.randn(16, 64)
+    with kbtorch.graph(fuse=False) as plain:
+        fn(x.to("ahbm"))
+    with kbtorch.graph() as fused:
+        got = fn(x.to("ahbm"))
+    torch.testing.assert_close(got.cpu(), fn(x.to("ahbm")).cpu())
+    assert [k.kernel for k in fused.plan.kernels] == ["norm+gemm"]
+    assert sum(k.flops for k in fused.plan.kernels) == sum(k.flops for k in plain.plan.kernels)
+    from kbtorch.ops.contract import memory_bytes
+    assert memory_bytes(small, fused.schedule.result) < memory_bytes(small, plain.schedule.result)

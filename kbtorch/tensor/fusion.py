@@ -14,7 +14,8 @@ model's pattern:
    writes the chain's result instead of C and each PE applies the chain's MATH to its part
    on its MATH engine, reading only the chain's other inputs (bias, residual, the ``up``
    of SiLU x up) from HBM;
-3. **norm prologues**: an RMSNorm (the ``rms_norm`` op, ending a vector chain or alone)
+3. **norm prologues**: an RMSNorm (the ``rms_norm`` op or its decomposed chain, ending a
+   vector chain or alone)
    whose result only GEMMs read, as their A operand, with nothing between (no collective),
    runs in those GEMMs: each GEMM PE computes its A rows' statistics on its MATH engine as
    the A panel streams in (the norm's MATH work over the rows it loads; every reader does
@@ -188,24 +189,39 @@ def plan(graph) -> Plan:
     return prologues(graph, _assemble(graph, groups(graph), lambda ms: _fused(graph, ms)))
 
 
+#: The ops of a norm: the ``rms_norm`` op, or its decomposed chain (which must hold a row
+#: mean and a reciprocal square root).
 NORMS = ("aten::rms_norm",)
+NORM_CHAIN = ("aten::_to_copy", "aten::pow", "aten::mean", "aten::add", "aten::rsqrt", "aten::mul")
 #: GEMMs whose A operand a norm prologue may feed (the norm's result is their activation).
 GEMM_OPS = ("aten::mm", "aten::addmm")
 
 
+def _norm_tail(graph, group: tuple) -> list | None:
+    """The members of a vector group after the last result it writes before its final one:
+    when they are a norm (rule 3), else None."""
+    _, outs = _io(graph, list(group))
+    cut = max((group.index(m) for m in outs if m != group[-1]), default=-1)
+    tail = list(group[cut + 1:])
+    names = [graph.nodes[graph.kernels[m].node].name for m in tail]
+    if names == list(NORMS[:1]) or (set(names) <= set(NORM_CHAIN) and {"aten::mean", "aten::rsqrt"} <= set(names)):
+        return tail if all(getattr(graph.kernels[m].timed.result, "vector", None) for m in tail) else None
+    return None
+
+
 def _norm_readers(graph, plan: Plan, i: int, users: dict):
-    """(the norm member, its GEMM readers) when plan kernel ``i`` ends in a norm whose result
-    only GEMMs read as A (rule 3), else None."""
+    """(the norm's members, its GEMM readers) when plan kernel ``i`` ends in a norm whose
+    result only GEMMs read (rule 3), else None."""
     k = plan.kernels[i]
     last = graph.kernels[k.members[-1]]
-    node = graph.nodes[last.node]
-    if node.name not in NORMS or node.kernels != [k.members[-1]] or getattr(last.timed.result, "vector", None) is None:
+    if not (k.kernel == "fused vector" or k.kernel.startswith("vector ")) or graph.nodes[last.node].kernels != [k.members[-1]]:
         return None
+    tail = _norm_tail(graph, k.members)
     out = last.writes
     # NOTE: an op without a kernel reading it (-1) is a view of it (a reshape for the GEMM): its
     # readers read the same buffer and are counted here.
     readers = graph.readers.get(next(iter(out)), set()) - {-1} if len(out) == 1 else set()
-    if not readers or out & graph.live_roots:
+    if tail is None or not readers or out & graph.live_roots:
         return None
     gemms = [u for u in users.get(i, ()) if plan.kernels[u].members[0] in readers]
     if {plan.kernels[u].members[0] for u in gemms} != readers:
@@ -215,7 +231,7 @@ def _norm_readers(graph, plan: Plan, i: int, users: dict):
         if plan.kernels[u].kernel not in ("gemm", "gemm+epilogue") or head.timed.kernel != "gemm" \
                 or graph.nodes[head.node].name not in GEMM_OPS:
             return None
-    return k.members[-1], gemms
+    return tail, gemms
 
 
 def prologues(graph, plan: Plan) -> Plan:
@@ -229,21 +245,24 @@ def prologues(graph, plan: Plan) -> Plan:
         got = _norm_readers(graph, plan, i, users)
         if got is None:
             continue
-        norm, gemms = got
+        tail, gemms = got
         k = kernels[i]
-        rest = [m for m in k.members if m != norm]
+        rest = [m for m in k.members if m not in tail]
+        work = sum(graph.kernels[m].timed.flops for m in tail)
         if rest:
-            kernels[i] = replace(k, members=tuple(rest), flops=k.flops - graph.kernels[norm].timed.flops,
-                                 **{f: v for f, v in _fused(graph, rest).items() if f != "epilogue"})
+            fields = _fused(graph, rest)
+            fields.setdefault("kernel", graph.kernels[rest[0]].timed.kernel if len(rest) == 1 else k.kernel)
+            kernels[i] = replace(k, members=tuple(rest), flops=k.flops - work,
+                                 **{f: v for f, v in fields.items() if f != "epilogue"})
         else:
             gone[i] = k.deps
-        vec = graph.kernels[norm].timed.result.vector
+        vecs = [graph.kernels[m].timed.result.vector for m in tail]
         for j, u in enumerate(gemms):
             g = kernels[u]
-            kernels[u] = replace(g, programs=_prologue(graph, g.programs, vec),
-                                 members=((norm,) if j == 0 else ()) + g.members,
-                                 flops=g.flops + (graph.kernels[norm].timed.flops if j == 0 else 0),
-                                 kernel=g.kernel.replace("gemm", "norm+gemm", 1), detail=f"{g.detail}; prologue rms_norm")
+            kernels[u] = replace(g, programs=_prologue(graph, g.programs, vecs),
+                                 members=(tuple(tail) if j == 0 else ()) + g.members,
+                                 flops=g.flops + (work if j == 0 else 0),
+                                 kernel=g.kernel.replace("gemm", "norm+gemm", 1), detail=f"{g.detail}; prologue norm")
     if not gone:
         return Plan(tuple(kernels), plan.key, plan.keep)
     at, out = {}, []
@@ -258,13 +277,13 @@ def prologues(graph, plan: Plan) -> Plan:
     return Plan(tuple(out), plan.key, plan.keep)
 
 
-def _prologue(graph, programs: dict, vec) -> dict:
+def _prologue(graph, programs: dict, vecs: list) -> dict:
     """``programs`` with each PE's norm statistics and row scaling on its MATH engine, beside
     its GEMM commands (the norm's MATH work over the rows it holds; launched with them)."""
     from ..sim.commands import Compute
-    per = -(-vec.n // len(vec.pes)) * vec.flops
-    return {pe: [Compute(per, engine="math", dtype=vec.dtype, label="norm prologue")] + list(cmds) if cmds else cmds
-            for pe, cmds in programs.items()}
+    per = sum(-(-v.n // len(v.pes)) * v.flops for v in vecs)
+    return {pe: [Compute(per, engine="math", dtype=vecs[-1].dtype, label="norm prologue")] + list(cmds) if cmds
+            else cmds for pe, cmds in programs.items()}
 
 
 def _io(graph, group: list) -> tuple[list, list]:
