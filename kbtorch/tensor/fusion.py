@@ -214,7 +214,8 @@ def _norm_readers(graph, plan: Plan, i: int, users: dict):
     result only GEMMs read (rule 3), else None."""
     k = plan.kernels[i]
     last = graph.kernels[k.members[-1]]
-    if not (k.kernel == "fused vector" or k.kernel.startswith("vector ")) or graph.nodes[last.node].kernels != [k.members[-1]]:
+    if not (k.kernel == "fused vector" or k.kernel.startswith("vector ")) \
+            or graph.nodes[last.node].kernels != [k.members[-1]]:
         return None
     tail = _norm_tail(graph, k.members)
     out = last.writes
@@ -321,8 +322,8 @@ def _fused(graph, group: list) -> dict:
         extra = max(0, len(written) - (0 if group[0] in outs else 1))
         ratio = sum(v.n * v.out_ratio for v in written[:extra]) / n
         args = (vecs[-1], n, max(0, len(ins) - 2), eb, flops, ratio)
-        return dict(programs=epilogue(graph, head, *args), kernel="gemm+epilogue", detail=f"{head.detail}; epilogue {names}",
-                    epilogue=args)
+        return dict(programs=epilogue(graph, head, *args), kernel="gemm+epilogue",
+                    detail=f"{head.detail}; epilogue {names}", epilogue=args)
     ratio = sum(v.n * v.out_ratio for v in written) / n
     vec = vecs[-1]
     pes = list(vec.pes)[:max(1, min(len(vec.pes), n))]

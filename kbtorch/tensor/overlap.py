@@ -57,7 +57,8 @@ def _pairs(graph, plan) -> dict:
             users.setdefault(d, []).append(i)
     for i, k in enumerate(kernels):
         rows = _rows(graph, k)
-        if k.kernel not in ("gemm", "gemm+epilogue") or rows is None or rows.kind != "gemm" or rows.count < 2 * MIN_ROWS:
+        if k.kernel not in ("gemm", "gemm+epilogue") or rows is None or rows.kind != "gemm" \
+                or rows.count < 2 * MIN_ROWS:
             continue
         head = graph.kernels[k.members[0]]
         before = [d for d in sorted(k.deps) if d not in used and len(kernels[d].members) == 1
@@ -108,8 +109,7 @@ def _stages(graph, kernels: list, c: int) -> list:
 def chunks(graph, kernels: list) -> int:
     """The chunk count for the plan kernels ``kernels`` (gather?, GEMM, reduce?; module
     docstring): 1 for no split."""
-    count = _rows(graph, kernels[1] if len(kernels) > 1 and _rows(graph, kernels[0]).kind != "gemm"
-                  else kernels[0]).count
+    count = _rows(graph, kernels[0]).count          # NOTE: the same in every stage (``_pairs``)
     best, best_ps = 1, sum(_alone_ps(graph.machine, graph.kernels[k.members[0]].timed.result) for k in kernels)
     for c in CHUNKS:
         if count % c or count // c < MIN_ROWS:
@@ -182,7 +182,8 @@ def rewrite(graph, plan):
     for key in order:
         x, i = key
         d, lt = frozenset(at[e] for e in deps[key]), frozenset(at[e] for e in late[key])
-        out.append(replace(kernels[x], deps=d, late=lt) if i is None else _chunk(graph, kernels[x], split[x][0], i, d, lt))
+        out.append(replace(kernels[x], deps=d, late=lt) if i is None
+                   else _chunk(graph, kernels[x], split[x][0], i, d, lt))
     return fusion.Plan(tuple(out), plan.key, plan.keep)
 
 
