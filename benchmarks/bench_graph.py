@@ -65,7 +65,9 @@ COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 
 def overlap_ns(graph_record) -> float:
     """The time some collective kernel and some GEMM kernel of a graph run at once (the
-    union of their pairwise overlaps), from the graph's parts (its kernels' spans)."""
+    union of their pairwise overlaps), from the graph's parts (its kernels' spans: from
+    when their dependencies finished to when they did, queueing behind an earlier kernel on
+    an engine included, so an upper bound)."""
     parts = graph_record.parts
     colls = [(p.start_ns, p.start_ns + p.latency_ns) for p in parts if p.kernel.startswith(COLLECTIVES)]
     gemms = [(p.start_ns, p.start_ns + p.latency_ns) for p in parts if "gemm" in p.kernel]
