@@ -194,7 +194,7 @@ def plan(graph) -> Plan:
 NORMS = ("aten::rms_norm",)
 NORM_CHAIN = ("aten::_to_copy", "aten::pow", "aten::mean", "aten::add", "aten::rsqrt", "aten::mul")
 #: GEMMs whose A operand a norm prologue may feed (the norm's result is their activation).
-GEMM_OPS = ("aten::mm", "aten::addmm")
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::linear")
 
 
 def _norm_tail(graph, group: tuple) -> list | None:
