@@ -222,3 +222,27 @@ def test_the_decomposed_rms_norm_chain_fuses_into_the_gemm_prologue(small):
     assert sum(k.flops for k in fused.plan.kernels) == sum(k.flops for k in plain.plan.kernels)
     from kbtorch.ops.contract import memory_bytes
     assert memory_bytes(small, fused.schedule.result) < memory_bytes(small, plain.schedule.result)
+
+
+def test_the_decode_layers_norms_fuse_into_their_projections(small):
+    """Inference mode: ``linear`` reaches the device whole; the q/k/v and gate/up
+    projections take the layer's norms in their prologues; work is conserved."""
+    from kbtorch.models.qwen2 import TINY, KVCache, Model, tensor_parallel
+    from kbtorch.ops.contract import memory_bytes
+    with kbtorch.timing_only():
+        with torch.device("meta"):
+            model = Model(TINY, layers=1).to(torch.bfloat16)
+        model.to("ahbm")
+        tensor_parallel(model)
+    graphs = {}
+    for fuse in (False, True):
+        with kbtorch.timing_only(), torch.inference_mode():
+            shape = (1, TINY.kv_heads, 9, TINY.head_dim)
+            cache = KVCache(torch.empty(shape, dtype=torch.bfloat16, device="ahbm"),
+                            torch.empty(shape, dtype=torch.bfloat16, device="ahbm"), 8)
+            with kbtorch.graph(fuse=fuse) as graphs[fuse]:
+                model(torch.zeros(1, 1, dtype=torch.long, device="ahbm"), torch.tensor([8]), [cache])
+    fused, plain = graphs[True], graphs[False]
+    assert sum(k.kernel.startswith("norm+gemm") for k in fused.plan.kernels) == 5
+    assert sum(k.flops for k in fused.plan.kernels) == sum(k.flops for k in plain.plan.kernels)
+    assert memory_bytes(small, fused.schedule.result) <= memory_bytes(small, plain.schedule.result)
