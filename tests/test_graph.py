@@ -172,3 +172,77 @@ def test_chrome_trace_puts_concurrent_kernels_on_their_own_lanes(small, tmp_path
     parts = [e for e in events if e.get("cat") not in ("usage", "command") and e["ph"] == "X" and "PEs" in
              e.get("args", {}).get("detail", "")]
     assert len(lanes) >= 2 and len(parts) == len(prof.records[0].parts)
+
+
+def test_a_norm_fuses_into_the_next_gemms_prologue(small):
+    g_, w1, w2 = torch.randn(64).to("ahbm"), torch.randn(64, 64).to("ahbm"), torch.randn(64, 64).to("ahbm")
+    r = torch.randn(16, 64).to("ahbm")
+
+    def fn(x):
+        s = x + r
+        h = torch.nn.functional.rms_norm(s, (64,), g_, 1e-6)
+        return s, h @ w1, h @ w2
+    x = torch.randn(16, 64)
+    want = fn(x.to("ahbm"))
+    with kbtorch.graph(fuse=False) as plain:
+        fn(x.to("ahbm"))
+    with kbtorch.graph() as fused:
+        got = fn(x.to("ahbm"))
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a.cpu(), e.cpu())
+    kinds = [k.kernel for k in fused.plan.kernels]
+    assert kinds.count("norm+gemm") == 2 and "aten::rms_norm" in fused.report()
+    assert not any(graph_mod.fusion.NORMS[0] == fused.nodes[fused.kernels[k.members[-1]].node].name
+                   and k.kernel.endswith("vector") for k in fused.plan.kernels)
+    assert sum(k.flops for k in fused.plan.kernels) == sum(k.flops for k in plain.plan.kernels)
+    from kbtorch.ops.contract import memory_bytes
+    assert memory_bytes(small, fused.schedule.result) < memory_bytes(small, plain.schedule.result)
+    xa = x.to("ahbm")
+    with kbtorch.graph() as held:           # the normalized tensor held after capture: written, no prologue
+        h = torch.nn.functional.rms_norm(xa + r, (64,), g_, 1e-6)
+        y = h @ w1
+    assert "norm+gemm" not in [k.kernel for k in held.plan.kernels] and h.shape == y.shape
+
+
+def test_the_decomposed_rms_norm_chain_fuses_into_the_gemm_prologue(small):
+    gamma, w = torch.randn(64).to("ahbm"), torch.randn(64, 64).to("ahbm")
+
+    def fn(x):
+        # Hugging Face's RMSNorm forward, op by op
+        v = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        h = gamma * (x * torch.rsqrt(v + 1e-6)).to(x.dtype)
+        return h @ w
+    x = torch.randn(16, 64)
+    with kbtorch.graph(fuse=False) as plain:
+        fn(x.to("ahbm"))
+    with kbtorch.graph() as fused:
+        got = fn(x.to("ahbm"))
+    torch.testing.assert_close(got.cpu(), fn(x.to("ahbm")).cpu())
+    assert [k.kernel for k in fused.plan.kernels] == ["norm+gemm"]
+    assert sum(k.flops for k in fused.plan.kernels) == sum(k.flops for k in plain.plan.kernels)
+    from kbtorch.ops.contract import memory_bytes
+    assert memory_bytes(small, fused.schedule.result) < memory_bytes(small, plain.schedule.result)
+
+
+def test_the_decode_layers_norms_fuse_into_their_projections(small):
+    """Inference mode: ``linear`` reaches the device whole; the q/k/v and gate/up
+    projections take the layer's norms in their prologues; work is conserved."""
+    from kbtorch.models.qwen2 import TINY, KVCache, Model, tensor_parallel
+    from kbtorch.ops.contract import memory_bytes
+    with kbtorch.timing_only():
+        with torch.device("meta"):
+            model = Model(TINY, layers=1).to(torch.bfloat16)
+        model.to("ahbm")
+        tensor_parallel(model)
+    graphs = {}
+    for fuse in (False, True):
+        with kbtorch.timing_only(), torch.inference_mode():
+            shape = (1, TINY.kv_heads, 9, TINY.head_dim)
+            cache = KVCache(torch.empty(shape, dtype=torch.bfloat16, device="ahbm"),
+                            torch.empty(shape, dtype=torch.bfloat16, device="ahbm"), 8)
+            with kbtorch.graph(fuse=fuse) as graphs[fuse]:
+                model(torch.zeros(1, 1, dtype=torch.long, device="ahbm"), torch.tensor([8]), [cache])
+    fused, plain = graphs[True], graphs[False]
+    assert sum(k.kernel.startswith("norm+gemm") for k in fused.plan.kernels) == 5
+    assert sum(k.flops for k in fused.plan.kernels) == sum(k.flops for k in plain.plan.kernels)
+    assert memory_bytes(small, fused.schedule.result) <= memory_bytes(small, plain.schedule.result)

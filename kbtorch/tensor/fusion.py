@@ -13,7 +13,16 @@ model's pattern:
    result, which nothing else reads, on the GEMM's PEs, runs in the GEMM's store: the GEMM
    writes the chain's result instead of C and each PE applies the chain's MATH to its part
    on its MATH engine, reading only the chain's other inputs (bias, residual, the ``up``
-   of SiLU x up) from HBM.
+   of SiLU x up) from HBM;
+3. **norm prologues**: an RMSNorm (the ``rms_norm`` op or its decomposed chain, ending a
+   vector chain or alone)
+   whose result only GEMMs read, as their A operand, with nothing between (no collective),
+   runs in those GEMMs: each GEMM PE computes its A rows' statistics on its MATH engine as
+   the A panel streams in (the norm's MATH work over the rows it loads; every reader does
+   it, as a fused QKV kernel's prologue would) and scales its result rows (gamma folded in
+   as A is loaded): the GEMMs read the norm's input instead of its result (the same
+   bytes), the normalized tensor is never written nor read back. The rest of the chain
+   (a residual add before the norm) stays a vector pass, writing what it wrote.
 
 A buffer the program still holds after capture (a graph output) is always written. The
 fused graph keeps every op's FLOPs (``Planned.flops`` sums the members'); its HBM bytes are
@@ -41,6 +50,7 @@ class Planned:
     deps: frozenset
     members: tuple
     late: frozenset = frozenset()       # dependencies only its MATH engine waits for (an epilogue's operands)
+    epilogue: tuple = ()                # a GEMM epilogue's arguments after ``graph, gemm`` (``epilogue``)
 
 
 @dataclass(frozen=True)
@@ -175,8 +185,106 @@ def _acyclic(anc: list, group: list, deps, k: int) -> bool:
 
 
 def plan(graph) -> Plan:
-    """The fused plan (rules 1 and 2 of the module docstring)."""
-    return _assemble(graph, groups(graph), lambda ms: _fused(graph, ms))
+    """The fused plan (rules 1 to 3 of the module docstring)."""
+    return prologues(graph, _assemble(graph, groups(graph), lambda ms: _fused(graph, ms)))
+
+
+#: The ops of a norm: the ``rms_norm`` op, or its decomposed chain (which must hold a row
+#: mean and a reciprocal square root).
+NORMS = ("aten::rms_norm",)
+NORM_CHAIN = ("aten::_to_copy", "aten::pow", "aten::mean", "aten::add", "aten::rsqrt", "aten::mul")
+#: GEMMs whose A operand a norm prologue may feed (the norm's result is their activation).
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::linear")
+
+
+def _norm_tail(graph, group: tuple) -> list | None:
+    """The members of a vector group after the last result it writes before its final one:
+    when they are a norm (rule 3), else None."""
+    _, outs = _io(graph, list(group))
+    cut = max((group.index(m) for m in outs if m != group[-1]), default=-1)
+    tail = list(group[cut + 1:])
+    names = [graph.nodes[graph.kernels[m].node].name for m in tail]
+    if names == list(NORMS[:1]) or (set(names) <= set(NORM_CHAIN) and {"aten::mean", "aten::rsqrt"} <= set(names)):
+        return tail if all(getattr(graph.kernels[m].timed.result, "vector", None) for m in tail) else None
+    return None
+
+
+def _norm_readers(graph, plan: Plan, i: int, users: dict):
+    """(the norm's members, its GEMM readers) when plan kernel ``i`` ends in a norm whose
+    result only GEMMs read (rule 3), else None."""
+    k = plan.kernels[i]
+    last = graph.kernels[k.members[-1]]
+    if not (k.kernel == "fused vector" or k.kernel.startswith("vector ")) \
+            or graph.nodes[last.node].kernels != [k.members[-1]]:
+        return None
+    tail = _norm_tail(graph, k.members)
+    out = last.writes
+    # NOTE: an op without a kernel reading it (-1) is a view of it (a reshape for the GEMM): its
+    # readers read the same buffer and are counted here.
+    readers = graph.readers.get(next(iter(out)), set()) - {-1} if len(out) == 1 else set()
+    if tail is None or not readers or out & graph.live_roots:
+        return None
+    gemms = [u for u in users.get(i, ()) if plan.kernels[u].members[0] in readers]
+    if {plan.kernels[u].members[0] for u in gemms} != readers:
+        return None
+    for u in gemms:
+        head = graph.kernels[plan.kernels[u].members[0]]
+        if plan.kernels[u].kernel not in ("gemm", "gemm+epilogue") or head.timed.kernel != "gemm" \
+                or graph.nodes[head.node].name not in GEMM_OPS:
+            return None
+    return tail, gemms
+
+
+def prologues(graph, plan: Plan) -> Plan:
+    """Rule 3 (module docstring) on the assembled plan."""
+    users: dict = {}
+    for i, k in enumerate(plan.kernels):
+        for d in k.deps:
+            users.setdefault(d, []).append(i)
+    kernels, gone = list(plan.kernels), {}
+    for i in range(len(kernels)):
+        got = _norm_readers(graph, plan, i, users)
+        if got is None:
+            continue
+        tail, gemms = got
+        k = kernels[i]
+        rest = [m for m in k.members if m not in tail]
+        work = sum(graph.kernels[m].timed.flops for m in tail)
+        if rest:
+            fields = _fused(graph, rest)
+            fields.setdefault("kernel", graph.kernels[rest[0]].timed.kernel if len(rest) == 1 else k.kernel)
+            kernels[i] = replace(k, members=tuple(rest), flops=k.flops - work,
+                                 **{f: v for f, v in fields.items() if f != "epilogue"})
+        else:
+            gone[i] = k.deps
+        vecs = [graph.kernels[m].timed.result.vector for m in tail]
+        for j, u in enumerate(gemms):
+            g = kernels[u]
+            kernels[u] = replace(g, programs=_prologue(graph, g.programs, vecs),
+                                 members=(tuple(tail) if j == 0 else ()) + g.members,
+                                 flops=g.flops + (work if j == 0 else 0),
+                                 kernel=g.kernel.replace("gemm", "norm+gemm", 1), detail=f"{g.detail}; prologue norm")
+    if not gone:
+        return Plan(tuple(kernels), plan.key, plan.keep)
+    at, out = {}, []
+    for i, k in enumerate(kernels):
+        if i in gone:
+            continue
+        at[i] = len(out)
+        deps = set()
+        for d in k.deps:
+            deps |= {at[e] for e in gone[d]} if d in gone else {at[d]}
+        out.append(replace(k, deps=frozenset(deps), late=frozenset(at[d] for d in k.late if d in at)))
+    return Plan(tuple(out), plan.key, plan.keep)
+
+
+def _prologue(graph, programs: dict, vecs: list) -> dict:
+    """``programs`` with each PE's norm statistics and row scaling on its MATH engine, beside
+    its GEMM commands (the norm's MATH work over the rows it holds; launched with them)."""
+    from ..sim.commands import Compute
+    per = sum(-(-v.n // len(v.pes)) * v.flops for v in vecs)
+    return {pe: [Compute(per, engine="math", dtype=vecs[-1].dtype, label="norm prologue")] + list(cmds) if cmds
+            else cmds for pe, cmds in programs.items()}
 
 
 def _io(graph, group: list) -> tuple[list, list]:
@@ -213,8 +321,9 @@ def _fused(graph, group: list) -> dict:
         # NOTE: the GEMM's store writes the chain's last result in place of C.
         extra = max(0, len(written) - (0 if group[0] in outs else 1))
         ratio = sum(v.n * v.out_ratio for v in written[:extra]) / n
-        tail = epilogue(graph, head, vecs[-1], n, max(0, len(ins) - 2), eb, flops, ratio)
-        return dict(programs=tail, kernel="gemm+epilogue", detail=f"{head.detail}; epilogue {names}")
+        args = (vecs[-1], n, max(0, len(ins) - 2), eb, flops, ratio)
+        return dict(programs=epilogue(graph, head, *args), kernel="gemm+epilogue",
+                    detail=f"{head.detail}; epilogue {names}", epilogue=args)
     ratio = sum(v.n * v.out_ratio for v in written) / n
     vec = vecs[-1]
     pes = list(vec.pes)[:max(1, min(len(vec.pes), n))]

@@ -25,6 +25,7 @@ control flow and host values read during capture (``.item()``) are fixed, as in 
 """
 from __future__ import annotations
 
+import functools
 import sys
 import traceback
 import weakref
@@ -41,7 +42,7 @@ from .dispatch import dispatch, is_ahbm, root
 from .kernels import Timed
 from .stream import CAPTURE
 from .tensor import AhbmTensor
-from . import fusion, scheduler
+from . import fusion, overlap, scheduler
 
 #: Simulated graphs kept (key -> Scheduled plan); the oldest is dropped beyond this.
 CACHE_MAX = 64
@@ -112,11 +113,11 @@ class Graph:
     ``plan`` (the fused kernels and their schedule), ``latency_ns`` and ``report()``."""
 
     def __init__(self, machine=None, *, fuse: bool = True, mode: str = "auto", name: str = "graph",
-                 periodic: bool = True, order: str = "program"):
+                 periodic: bool = True, order: str = "program", overlap: bool = True):
         if order not in ("program", "ready"):
             raise ValueError(f"kbtorch.graph(order={order!r}): 'program' or 'ready'")
         self.machine, self.fuse, self.mode, self.name = machine, fuse, mode, name
-        self.periodic, self.order = periodic, order
+        self.periodic, self.order, self.overlap = periodic, order, overlap
         self.nodes: list[Node] = []
         self.kernels: list[Kernel] = []
         self.depth = 0
@@ -130,6 +131,7 @@ class Graph:
         self.readers: dict = {}       # id(root) -> kernels reading it (-1: an op without a kernel)
         self._roots: dict = {}        # id(root) -> weakref of every buffer written
         self.live_roots: set = set()  # buffers the program holds after capture (always written)
+        self.replicas: dict = {}      # id(root) -> the kernel that made its replicated copy (a gather)
         self._token = None
 
     # -- capture -----------------------------------------------------------------------------
@@ -190,7 +192,9 @@ class Graph:
         writes = {id(r) for r in made}
         if node.func.overloadpacket.__name__.endswith("_") and args and is_ahbm(args[0]):
             writes.add(id(root(args[0])))
-        before = frozenset().union(*(self._writer.get(r, ()) for r in reads))
+        # NOTE: a buffer read replicated after another op gathered it waits for that gather.
+        gathered = {self.replicas[r] for r in reads if self.replicas.get(r, first) < first}
+        before = frozenset().union(*(self._writer.get(r, ()) for r in reads), gathered)
         hazards = frozenset().union(*(self._writer.get(w, ()) for w in writes),
                                     *(self._readers.get(w, ()) for w in writes))
         mine = list(range(first, len(self.kernels)))
@@ -214,6 +218,7 @@ class Graph:
             self._readers[r] = self._readers.get(r, frozenset()) | {mine[-1]}
         for w in writes:
             self._writer[w], self._readers[w] = frozenset((mine[-1],)), frozenset()
+            self.replicas.pop(w, None)
 
     def _finish_capture(self) -> None:
         """Forget the tensors only the graph held: what stays alive is the program's."""
@@ -222,6 +227,7 @@ class Graph:
         self.live_roots = {r for r, ref in self._roots.items() if ref() is not None}
         self._writer.clear()
         self._readers.clear()
+        self.replicas.clear()
 
     def live(self, slot: Slot) -> bool:
         """Whether the program still holds the value of ``slot`` (a graph output)."""
@@ -235,11 +241,12 @@ class Graph:
             return
         machine = self.machine or current_machine()
         # NOTE: the key is known before fusion builds anything: a cached graph costs a lookup.
-        key = (id(machine), self.mode, self.periodic, self.order, fusion.key(self))
+        key = (id(machine), self.mode, self.periodic, self.order, self.overlap, fusion.key(self))
         got = _CACHE.get(key)
         self.cached = got is not None
         if got is None:
             plan = fusion.plan(self) if self.fuse else fusion.unfused(self)
+            plan = overlap.rewrite(self, plan) if self.overlap else plan
             progs, deps = [k.programs for k in plan.kernels], [k.deps for k in plan.kernels]
             late = [k.late for k in plan.kernels]
             est = [sum(self.kernels[m].timed.result.latency_ps for m in k.members) for k in plan.kernels] \
@@ -319,6 +326,9 @@ def graphed(fn, *, name: str | None = None, **options):
     call = module.forward if module is not None else fn
     label = name or getattr(type(module), "__name__", None) or getattr(fn, "__name__", "graph")
 
+    # NOTE: ``wraps``: the wrapper keeps ``call``'s signature; Hugging Face's ``generate()``
+    # reads it (a forward without ``logits_to_keep`` gets the LM head of every position).
+    @functools.wraps(call)
     def wrapper(*args, **kwargs):
         with Graph(name=label, **options) as g:
             out = call(*args, **kwargs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Callable
 
 import torch
 
@@ -25,11 +26,24 @@ class Timed:
     result: object
     flops: int
     detail: str = ""
+    rows: "Rows | None" = None      # how it splits along its rows (graph mode's overlap), if it does
 
 
-def timed(name: str, args, kernel: str, result, flops: int, detail: str = "") -> Timed:
+@dataclass(frozen=True)
+class Rows:
+    """A kernel that splits along its rows (``tensor.overlap``): ``count`` rows (a GEMM's M,
+    the leading dimensions of a collective's tensor); ``run(r)`` -> the ``RunResult`` of the
+    same kernel on ``r`` of them, through its own op family (cached); ``kind`` what it is
+    ("gemm" or the collective's kind)."""
+
+    kind: str
+    count: int
+    run: Callable
+
+
+def timed(name: str, args, kernel: str, result, flops: int, detail: str = "", rows: Rows | None = None) -> Timed:
     shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
-    return Timed(name, shapes, kernel, result, flops, detail)
+    return Timed(name, shapes, kernel, result, flops, detail, rows)
 
 
 def vector(machine, op: str, numel: int, *, placed=None, pes=None, shape=None, inputs: int = 2, dtype: str = "f16",

@@ -18,13 +18,13 @@ Kernels are cached per shape (the simulator is deterministic). The bias of ``add
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 
 from ..ops.gemm import gemm
 from .dispatch import Out, refuse, register, same_device, value_of
-from .kernels import kernel_dtype, on, timed, vector
+from .kernels import Rows, kernel_dtype, on, timed, vector
 from .placement import Partial, Replicate, Shard, default_spec
 from .sharding import flat, placement, settle_partial
 
@@ -42,10 +42,20 @@ def _gemm(machine, m: int, n: int, k: int, dtype: str, slices: str | None = None
         raise NotImplementedError(f"kbtorch: no GEMM tiling for M={m} N={n} K={k} {dtype}: {exc}") from None
 
 
+def _rows_result(machine, n: int, k: int, dtype: str, slices, pes, m: int):
+    return _gemm(machine, m, n, k, dtype, slices, pes).result
+
+
+def rows(machine, m: int, n: int, k: int, dtype: str, slices: str | None = None, pes: tuple | None = None) -> Rows:
+    """The GEMM split along M (graph mode's overlap): the same call on fewer rows."""
+    return Rows("gemm", m, partial(_rows_result, machine, n, k, dtype, slices, pes))
+
+
 def timed_mm(machine, op: str, args, m: int, n: int, k: int, dtype: str, detail: str = ""):
     """The GEMM of ``op`` over all PEs (automatic tiling and grid), as a ``Timed`` run."""
     run = _gemm(machine, m, n, k, dtype)
-    return timed(op, args, "gemm", run.result, 2 * m * n * k, detail or run.tiling.describe())
+    return timed(op, args, "gemm", run.result, 2 * m * n * k, detail or run.tiling.describe(),
+                 rows(machine, m, n, k, dtype))
 
 
 def torch_check(func, args, kwargs) -> None:
@@ -108,11 +118,13 @@ def _matmul(machine, op: str, a, b):
             if not isinstance(placement(a), Replicate):
                 a = a.redistribute([Replicate()])
             run = _gemm(machine, m, n, k, dtype, "n", pes)
-            return Shard(1), timed(op, (a, b), "gemm", run.result, run.flops, run.plan)
+            return Shard(1), timed(op, (a, b), "gemm", run.result, run.flops, run.plan,
+                                   rows(machine, m, n, k, dtype, "n", pes))
         pa = placement(settle_partial(a))
         if isinstance(pa, Shard) and pa.dim % 2 == 1 or isinstance(pa, Replicate):
             run = _gemm(machine, m, n, k, dtype, "k", pes)
-            return Partial(), timed(op, (a, b), "gemm", run.result, run.flops, run.plan)
+            return Partial(), timed(op, (a, b), "gemm", run.result, run.flops, run.plan,
+                                    rows(machine, m, n, k, dtype, "k", pes))
     return None, timed_mm(machine, op, (a, b), m, n, k, dtype)
 
 

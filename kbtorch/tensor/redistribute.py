@@ -18,14 +18,14 @@ of 2 x members elements (the padding is timed, it is what a kernel would move).
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 from math import prod
 
 import torch
 
 from ..ops.collective_concurrent import on_groups_run
 from .dispatch import root
-from .kernels import Timed, kernel_dtype
+from .kernels import Rows, Timed, kernel_dtype
 from .placement import Partial, Replicate, Shard, Spec
 from .stream import CAPTURE, record, tracing
 
@@ -59,6 +59,19 @@ def _timed(machine, kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple:
     return on_groups_run(kind, list(lines), nbytes=nbytes, dtype=dtype, machine=machine)
 
 
+def _rows_result(machine, kind: str, lines: tuple, per_row: int, eb: int, dtype: str, rows: int):
+    n = len(lines[0])
+    elems = -(-rows * per_row // (2 * n)) * 2 * n
+    return _timed(machine, kind, lines, elems * eb, dtype)[2]
+
+
+def rows(machine, kind: str, lines: tuple, shape: tuple, eb: int, dtype: str) -> Rows:
+    """The collective split along its tensor's rows (its leading dimensions; graph mode's
+    overlap): the same collective, on the same groups, of fewer rows."""
+    count = prod(shape[:-1]) if shape else 1
+    return Rows(kind, count, partial(_rows_result, machine, kind, lines, shape[-1] if shape else 1, eb, dtype))
+
+
 def redistribute(x, placements):
     """``x`` (an ``AhbmTensor``) with new ``placements`` on the same mesh (see the module
     docstring); the result is of ``x``'s type."""
@@ -85,7 +98,10 @@ def redistribute(x, placements):
         if tracing():
             pass
         elif graph is not None:
-            graph.kernel(spec.mesh.machine, Timed(*what, result, 0, detail))
+            split = rows(spec.mesh.machine, kind, tuple(tuple(g) for g in lines), tuple(x.shape), eb, name)
+            graph.kernel(spec.mesh.machine, Timed(*what, result, 0, detail, split))
+            if everywhere and hasattr(graph, "replicas"):
+                graph.replicas[id(base)] = len(graph.kernels) - 1
         else:
             record(*what, latency, bytes=elems * eb * len(lines), detail=detail)
     if everywhere:
