@@ -159,7 +159,8 @@ class Network(MulticastMechanics):
         ``spray``: ``((path, weight), ...)`` of two or more paths (weight: bottleneck GB/s): each
         train (a packet) goes on the path where it would arrive first, by the path's head
         latency and the trains this message already put on it at its bottleneck rate
-        (earliest-arrival spraying; it does not see other messages, so it is deterministic).
+        (earliest-arrival spraying; it does not see other messages unless the machine's
+        routing is ``adaptive``; deterministic either way).
         A short message stays on the fastest path; a long one spreads in proportion to the
         bandwidths. Trains may arrive out of order; the message completes when the last one
         is committed. ``path`` is then the first of them."""
@@ -171,16 +172,28 @@ class Network(MulticastMechanics):
         if spray is not None and len(spray) > 1:
             hops = [self._hops(p) for p, _ in spray]
             ser = [self.flit_bytes * 1000 / w for _, w in spray]
-            msg.spray = (hops, [float(sum(h.total for h in hs)) for hs in hops], ser)
+            heads = [float(sum(h.total for h in hs)) for hs in hops]
+            own = None
+            if self.machine.routing.adaptive:
+                # NOTE: adaptive: times are absolute, and each path's own links (those not
+                # every path crosses) are watched for other messages' committed traffic.
+                common = set.intersection(*({h.link for h in hs} for hs in hops))
+                own = [[h.link for h in hs if h.link not in common] for hs in hops]
+                heads = [self.engine.now + x for x in heads]
+            msg.spray = (hops, heads, ser, own)
         return msg
 
     @staticmethod
     def _pick(msg: Message, n: int):
         """The hops of the next train (``n`` flits) of a sprayed message: the path where it
-        would arrive first (``message``)."""
-        hops, ends, ser = msg.spray
+        would arrive first (``message``); adaptive (``[routing] adaptive``): also not before
+        the committed traffic on the path's own links has passed."""
+        hops, ends, ser, own = msg.spray
         best, when = 0, None
         for i, end in enumerate(ends):
+            if own is not None:
+                busy = max((link.ts[-1] for link in own[i] if link.ts), default=0)
+                end = busy if busy > end else end
             t = end + n * ser[i]
             if when is None or t < when:
                 best, when = i, t

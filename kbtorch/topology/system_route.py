@@ -66,16 +66,17 @@ class SystemRouter:
             raise TopologyError(self.path, "route", f"no route from '{src}' (chip {a}) to '{dst}' (chip {b})")
         return best[1]
 
-    def spray(self, src: str, dst: str, policy: str, limit: int) -> list:
+    def spray(self, src: str, dst: str, policy: str, limit: int, relays: int = 0) -> list:
         """The node paths a message from ``src`` to ``dst`` is sprayed over under ``policy``
         (``minimal-spray`` or ``port-spray``, see the module docstring), least latency first,
-        at most ``limit``; [] if the two are on one chip (the caller takes the route)."""
+        at most ``limit``, through at most ``relays`` (0 or 1) other chips; [] if the two are
+        on one chip (the caller takes the route)."""
         lay = self.layout
         a, b = lay.chip_of(src), lay.chip_of(dst)
         if a is None or b is None or a == b:
             return []
         ways = []                        # (ps, order, (out group, in group), path)
-        for legs in self._ways(a, b):
+        for legs in self._ways(a, b, relays):
             for path in self._lanes(src, dst, legs):
                 ps = sum(self.weight(u, v) for u, v in zip(path, path[1:]))
                 ways.append((ps, len(ways), (legs[0][1].name, legs[-1][2].name), path))
@@ -90,11 +91,13 @@ class SystemRouter:
             keep = [w for w in ways if best[w[2]] == w[0]]
         return [w[3] for w in keep[:limit]]
 
-    def _ways(self, a: int, b: int):
+    def _ways(self, a: int, b: int, relays: int):
         """Chip-level ways from a to b: tuples of legs (from chip, group out, group in, to
         chip, switches between); direct ways first, then through each relay chip in order."""
         for ga, gb, mid in self._crossings(a, b):
             yield ((a, ga, gb, b, mid),)
+        if not relays:
+            return
         for c in range(self.layout.chips):
             if c in (a, b):
                 continue
