@@ -223,6 +223,20 @@ class Network(MulticastMechanics):
             got = self._chunks[n_flits] = self._cut(n_flits)
         return got
 
+    def trains(self, msg: Message):
+        """(first flit, flit count) of each train of ``msg``: ``chunks``, except that in
+        reservation mode a sprayed message makes at least 4 trains per path (of at least 16
+        flits), so that its packets spread over its paths as in the fast mode."""
+        if msg.spray is None or not self.policy.reserve:
+            return self.chunks(msg.n_flits)
+        key = (msg.n_flits, len(msg.spray[0]))
+        got = self._chunks.get(key)
+        if got is None:
+            n = msg.n_flits
+            c = min(self.policy.chunk_flits, max(16, -(-n // (4 * key[1]))))
+            got = self._chunks[key] = [(f, min(c, n - f)) for f in range(0, n, c)]
+        return got
+
     def _cut(self, n_flits: int) -> list:
         pol = self.policy
         c = min(pol.chunk_flits, pol.min_train if n_flits < pol.long_flits else -(-n_flits // pol.trains))
@@ -263,7 +277,7 @@ class Network(MulticastMechanics):
         """
         self.engine.record(msg.corr, msg.path[0], "inject", t, t, f"{msg.what} {msg.n_flits} flits to {msg.path[-1]}")
         private = whole and self.policy.chunk_flits > 1
-        trains = [(0, msg.n_flits)] if private else self.chunks(msg.n_flits)
+        trains = [(0, msg.n_flits)] if private else self.trains(msg)
         if len(trains) == 1 and t == self.engine.now and (self.policy.reserve or (private and len(msg.hops) == 1)):
             # NOTE: nothing can interleave with a train on one private link, and reservation
             # mode commits a path when it is sent: cross it now, without a train event (the
