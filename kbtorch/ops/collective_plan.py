@@ -22,9 +22,11 @@ Algorithms (``ALGOS``):
   recursive halving for reduce-scatter, a binomial tree for broadcast;
 - ``hier``: hierarchical all-reduce: reduce-scatter inside each line of the innermost grid
   dimension (on a system of chips: inside each chip), recursive doubling of each share
-  across the lines (chips), all-gather back; an all-gather between chips (no grid dimension
-  inside a chip): direct sends along each grid dimension, outer first, forwarding what
-  arrived along the dimensions below (other kinds, and all-gathers inside a chip, as ``2d``).
+  across the lines (chips), all-gather back; between chips (no grid dimension inside a
+  chip) the all-gather sends directly along each grid dimension, outer first, forwarding
+  what arrived along the dimensions below, and the all-reduce is that all-gather run
+  backwards as a reduce-scatter, then forwards (other kinds, and all-gathers inside a chip,
+  as ``2d``).
 
 All-to-all (``all_to_all``, MoE dispatch and combine): member ``s`` holds ``n`` blocks, block
 ``s * n + d`` for member ``d``; member ``d`` keeps blocks ``s * n + d`` in source order
@@ -281,12 +283,19 @@ def hierarchical(kind: str, grid, root: int) -> tuple[int, list]:
     on AHBM): reduce-scatter inside each line of it (block ``i`` to position ``i``), then an
     all-reduce of block ``i`` by recursive doubling among the members at position ``i``
     (snake order), then all-gather back inside each line. Only a line's share of the data
-    crosses between lines. An all-gather between chips: ``_dims_direct_ag``. Other kinds,
-    and one-dimensional groups, as ``2d``."""
+    crosses between lines. Between chips (``grid.inner == 0``): an all-gather is
+    ``_dims_direct_ag``, an all-reduce the same backwards (reduce-scatter) then forwards.
+    Other kinds, and one-dimensional groups, as ``2d``."""
     inner = grid.inner
-    if kind == "all_gather" and len(grid.dims) > 1 and grid.inner == 0:
+    if kind in ("all_gather", "all_reduce") and len(grid.dims) > 1 and grid.inner == 0:
         # NOTE: between chips only (no grid dimension inside a chip); inside a chip as 2d.
-        return len(grid.order), _dims_direct_ag(grid)
+        ag = _dims_direct_ag(grid)
+        if kind == "all_gather":
+            return len(grid.order), ag
+        # the reduce-scatter is the all-gather run backwards: each transfer sends the partial
+        # sum of the members its copy reached, the receiver adds it
+        rs = [[Xfer(x.dst, x.src, x.blocks, True) for x in step] for step in reversed(ag)]
+        return len(grid.order), rs + ag
     if kind == "all_to_all" and len(grid.dims) > 1:
         return _a2a_dims(grid, [list(range(inner)), list(range(inner, len(grid.dims)))])
     if kind != "all_reduce" or len(grid.dims) < 2 or inner == len(grid.dims):
