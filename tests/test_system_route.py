@@ -69,16 +69,17 @@ def test_spraying_beats_one_path_between_chips():
     assert two < 0.6 * one
 
 
-@pytest.mark.parametrize("algo", ["direct", "hier"])
-def test_single_path_and_sprayed_numerics_are_the_same(algo):
+@pytest.mark.parametrize("kind,algo", [("all_gather", "direct"), ("all_gather", "hier"), ("all_reduce", "hier")])
+def test_single_path_and_sprayed_numerics_are_the_same(kind, algo):
     torch.manual_seed(3)
     shards = [torch.randn(1024, dtype=torch.float32) for _ in range(4)]
-    want = torch_reference("all_gather", shards)
-    runs = [collective("all_gather", [s.clone() for s in shards], group="across:chip", algo=algo, machine=m)
+    want = torch_reference(kind, shards)
+    runs = [collective(kind, [s.clone() for s in shards], group="across:chip", algo=algo, machine=m)
             for m in (tiny(), tiny("port-spray"), tiny("port-spray", adaptive=True, relays=1))]
     for r in runs:
         for got, ref in zip(r.outputs, want):
-            torch.testing.assert_close(got, ref, rtol=0, atol=0)
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(runs[0].outputs, runs[1].outputs))
 
 
 @pytest.mark.parametrize("mode", ["fast", "coarse"])
