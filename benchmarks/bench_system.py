@@ -14,8 +14,10 @@ chip" are each chip's own block (the paper's Fig. 8 axis), ``nbytes`` the gather
 - **pod**: maia200_pod (6144 coarse chips) loaded, and one all-reduce across all chips (64 KiB per chip, recursive doubling).
 
 Nothing is asserted: the targets block prints PASS/FAIL with the measured figure.
-Spraying over a chip's ports (issue 23 item 3) is not in these machines yet: the all-gather's
->= 85% target needs it (a chip's four port groups each carry one peer's stream).
+maia200_x8 and maia200_x64 declare packet spraying (``[routing] policy = "port-spray"``,
+adaptive: a message between chips over their tray link and the switched network); the
+all-gather rows also run ``hier`` (direct along the tray, then across trays forwarded inside
+the tray), the algorithm the automatic choice takes on the sprayed machine for large sizes.
 
     python benchmarks/bench_system.py [--quick] [--json PATH]
 """
@@ -56,7 +58,7 @@ def allgather(quick: bool) -> list[dict]:
         [1 * KiB, 64 * KiB, 1 * MiB, 4 * MiB, 9 * MiB, 16 * MiB, 64 * MiB, 500 * MiB]
     out = []
     for per in sizes:
-        for algo in ("direct", "ring"):
+        for algo in ("direct", "ring", "hier"):
             r = timed("all_gather", m, per * m.chips, algo)
             sol = max(PAPER_LAT_NS, (m.chips - 1) * per / PAPER_BW)
             out.append(dict(r, per_chip=per, pct_paper=100 * sol / r["latency_ns"]))
@@ -70,9 +72,11 @@ def summary(points: list) -> dict:
     sizes = sorted({p["per_chip"] for p in points})
     ring_wins = [s for s in sizes if by[("ring", s)]["latency_ns"] < by[("direct", s)]["latency_ns"]]
     top = sizes[-1]
-    return {"largest_per_chip": top, "best_pct_largest": max(by[(a, top)]["pct_paper"] for a in ("direct", "ring")),
+    algos = sorted({p["algo"] for p in points})
+    best = max(algos, key=lambda a: by[(a, top)]["pct_paper"])
+    return {"largest_per_chip": top, "best_pct_largest": by[(best, top)]["pct_paper"], "best_algo_largest": best,
             "break_even_per_chip": ring_wins[0] if ring_wins else None,
-            "lat_1kib_ns": min(by[(a, KiB)]["latency_ns"] for a in ("direct", "ring"))}
+            "lat_1kib_ns": min(by[(a, KiB)]["latency_ns"] for a in algos)}
 
 
 def sixty_four() -> dict:
@@ -122,7 +126,7 @@ def main(argv=None) -> int:
          "measured": f"{res['topo']['pes']} PEs, {res['topo']['bf16_tflops']:.0f} TFLOP/s",
          "pass": res["topo"]["pes"] == 288 and abs(res["topo"]["bf16_tflops"] - 8 * 1179.648) < 1},
         {"target": f"all-gather {ag['largest_per_chip'] // MiB} MiB per chip >= 85% of the paper's bound (best)",
-         "measured": f"{ag['best_pct_largest']:.1f}%", "pass": ag["best_pct_largest"] >= 85},
+         "measured": f"{ag['best_pct_largest']:.1f}% ({ag['best_algo_largest']})", "pass": ag["best_pct_largest"] >= 85},
         {"target": "direct/ring break-even within 3-27 MiB per chip",
          "measured": "none" if be is None else f"{be / MiB:.2f} MiB", "pass": be is not None and 3 * MiB <= be <= 27 * MiB},
         {"target": "1 KiB per chip all-gather within 2.5-10 us", "measured": f"{ag['lat_1kib_ns'] / 1e3:.2f} us",

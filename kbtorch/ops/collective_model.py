@@ -24,7 +24,8 @@
   copies of one packet to several receivers that the kernel sends as one multicast
   (``collective_kernel.multicast_copies``) load each link of their tree once. So
   ``algo="auto"`` prefers ``direct`` all-gathers and broadcasts where multicast makes their
-  copies one, and weighs algorithms by the bandwidth of all paths where packets are sprayed.
+  copies one, and weighs algorithms by the bandwidth of all paths where packets are sprayed
+  (adaptively sprayed ones split where the step's other traffic leaves room: ``spread``).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from collections import Counter
 
 from ..sim.components.dma import data_path, data_paths
 from ..sim.multicast import tree
-from ..sim.resources import resource_ps  # noqa: F401 (part of this module's models)
+from ..sim.resources import resource_ps, spread  # noqa: F401 (resource_ps: part of this module's models)
 from .collective_kernel import _tree_ok
 
 
@@ -171,18 +172,22 @@ def alpha_beta_ps(machine, sched, pes: tuple, block_bytes: int, packet_bytes: in
         sig = tuple((x.src, x.dst, x.reduce, len(x.blocks)) for x in step)
         if sig not in worst:
             loads: Counter = Counter()
+            sprayed = []
             for group in _groups(machine, pes, step):
                 x = group[0]
+                n = max(1, -(-len(x.blocks) * block_bytes // fb))
                 if len(group) > 1:
                     edges = _tree_edges(machine, pes[x.src], tuple(pes[y.dst] for y in group))
                 else:
                     key = (pes[x.src], pes[x.dst], x.reduce)
-                    edges = cache.get(key)
-                    if edges is None:
-                        edges = cache[key] = _xfer_edges(machine, *key)
-                n = max(1, -(-len(x.blocks) * block_bytes // fb))
+                    if key not in cache:
+                        cache[key] = _xfer_edges(machine, *key)
+                    edges, paths = cache[key]
+                    if paths is not None:
+                        sprayed.append((paths, n))
                 for e, ps in edges:
                     loads[e] += n * ps
+            spread(machine, loads, sprayed)
             worst[sig] = round(max(loads.values())) if loads else 0
         total += alpha + worst[sig]
     return max(total, issue_ps(machine, sched, block_bytes, packet_bytes))
@@ -218,9 +223,11 @@ def _tree_edges(machine, src: int, dsts: tuple) -> list:
     return [(e, g.edges[e]["flit_ps"]) for e in root.edges()]
 
 
-def _xfer_edges(machine, src: int, dst: int, reduce: bool) -> list:
-    """(link, flit ps) of one transfer: its data path (a sprayed one: each path's links at
-    its share of the packets) and, for a reduction, the receiver's read of its own value."""
+def _xfer_edges(machine, src: int, dst: int, reduce: bool) -> tuple:
+    """((link, flit ps), ...) of one transfer: its data path (a sprayed one: each path's
+    links at its share of the packets) and, for a reduction, the receiver's read of its own
+    value; and the paths of an adaptively sprayed one (then left out of the edges: the
+    step's ``resources.spread`` splits it), else None."""
     g = machine.graph
     s, d = machine.pes[src], machine.pes[dst]
     end = d.node("tcm") if reduce else d.hbm
@@ -228,7 +235,9 @@ def _xfer_edges(machine, src: int, dst: int, reduce: bool) -> list:
     out = [(e, g.edges[e]["flit_ps"]) for e in zip(own, own[1:])]
     if machine.multipath:
         paths = data_paths(machine, s.hbm, end)
+        if machine.routing.adaptive and len(paths) > 1:
+            return out, tuple(p for p, _ in paths)
         total = sum(w for _, w in paths)
-        return [(e, g.edges[e]["flit_ps"] * w / total) for p, w in paths for e in zip(p, p[1:])] + out
+        return [(e, g.edges[e]["flit_ps"] * w / total) for p, w in paths for e in zip(p, p[1:])] + out, None
     path = data_path(machine, s.hbm, end)
-    return [(e, g.edges[e]["flit_ps"]) for e in zip(path, path[1:])] + out
+    return [(e, g.edges[e]["flit_ps"]) for e in zip(path, path[1:])] + out, None

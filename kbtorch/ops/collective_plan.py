@@ -22,7 +22,11 @@ Algorithms (``ALGOS``):
   recursive halving for reduce-scatter, a binomial tree for broadcast;
 - ``hier``: hierarchical all-reduce: reduce-scatter inside each line of the innermost grid
   dimension (on a system of chips: inside each chip), recursive doubling of each share
-  across the lines (chips), all-gather back (other kinds as ``2d``).
+  across the lines (chips), all-gather back; between chips (no grid dimension inside a
+  chip) the all-gather sends directly along each grid dimension, outer first, forwarding
+  what arrived along the dimensions below, and the all-reduce is that all-gather run
+  backwards as a reduce-scatter, then forwards (other kinds, and all-gathers inside a chip,
+  as ``2d``).
 
 All-to-all (``all_to_all``, MoE dispatch and combine): member ``s`` holds ``n`` blocks, block
 ``s * n + d`` for member ``d``; member ``d`` keeps blocks ``s * n + d`` in source order
@@ -279,8 +283,19 @@ def hierarchical(kind: str, grid, root: int) -> tuple[int, list]:
     on AHBM): reduce-scatter inside each line of it (block ``i`` to position ``i``), then an
     all-reduce of block ``i`` by recursive doubling among the members at position ``i``
     (snake order), then all-gather back inside each line. Only a line's share of the data
-    crosses between lines. Other kinds, and one-dimensional groups, as ``2d``."""
+    crosses between lines. Between chips (``grid.inner == 0``): an all-gather is
+    ``_dims_direct_ag``, an all-reduce the same backwards (reduce-scatter) then forwards.
+    Other kinds, and one-dimensional groups, as ``2d``."""
     inner = grid.inner
+    if kind in ("all_gather", "all_reduce") and len(grid.dims) > 1 and grid.inner == 0:
+        # NOTE: between chips only (no grid dimension inside a chip); inside a chip as 2d.
+        ag = _dims_direct_ag(grid)
+        if kind == "all_gather":
+            return len(grid.order), ag
+        # the reduce-scatter is the all-gather run backwards: each transfer sends the partial
+        # sum of the members its copy reached, the receiver adds it
+        rs = [[Xfer(x.dst, x.src, x.blocks, True) for x in step] for step in reversed(ag)]
+        return len(grid.order), rs + ag
     if kind == "all_to_all" and len(grid.dims) > 1:
         return _a2a_dims(grid, [list(range(inner)), list(range(inner, len(grid.dims)))])
     if kind != "all_reduce" or len(grid.dims) < 2 or inner == len(grid.dims):
@@ -292,6 +307,30 @@ def hierarchical(kind: str, grid, root: int) -> tuple[int, list]:
     phases = [_line_rs_ag(list(line)) for line in lines]
     outer = [_doubling_all_reduce([m for m in grid.order if grid.coords[m][0] == c], (c,)) for c in range(n0)]
     return n0, _merge(*(rs for rs, _ in phases)) + _merge(*outer) + _merge(*(ag for _, ag in phases))
+
+
+def _dims_direct_ag(grid) -> list:
+    """All-gather by direct sends along the grid's lines, outer dimensions first: at step 0
+    every member sends its block to every member of each of its lines; a block that arrived
+    along dimension ``j`` goes on to the member's line of each dimension below ``j`` at the
+    next step. Each block reaches each member once, by the dimension-ordered path (``len(dims)``
+    steps); every link of a member carries blocks it needs itself, so a system of chips uses
+    its tray links and its switch ports at once (direct sends every cross-tray block over the
+    switch; ring and 2d send one block at a time)."""
+    n, dims = len(grid.order), len(grid.dims)
+    steps, fresh = [], [{j: (m,) for j in range(dims)} for m in range(n)]
+    while any(fresh):
+        step, nxt = [], [{} for _ in range(n)]
+        for m in range(n):
+            for j, blocks in sorted(fresh[m].items()):
+                for d in grid.line(m, j):
+                    if d != m:
+                        step.append(Xfer(m, d, blocks, False))
+                        for k in range(j):
+                            nxt[d][k] = tuple(sorted(nxt[d].get(k, ()) + blocks))
+        steps.append(step)
+        fresh = nxt
+    return steps
 
 
 def _chip_hierarchical(grid, inner: int) -> tuple[int, list]:

@@ -159,7 +159,8 @@ class Network(MulticastMechanics):
         ``spray``: ``((path, weight), ...)`` of two or more paths (weight: bottleneck GB/s): each
         train (a packet) goes on the path where it would arrive first, by the path's head
         latency and the trains this message already put on it at its bottleneck rate
-        (earliest-arrival spraying; it does not see other messages, so it is deterministic).
+        (earliest-arrival spraying; it does not see other messages unless the machine's
+        routing is ``adaptive``; deterministic either way).
         A short message stays on the fastest path; a long one spreads in proportion to the
         bandwidths. Trains may arrive out of order; the message completes when the last one
         is committed. ``path`` is then the first of them."""
@@ -171,16 +172,28 @@ class Network(MulticastMechanics):
         if spray is not None and len(spray) > 1:
             hops = [self._hops(p) for p, _ in spray]
             ser = [self.flit_bytes * 1000 / w for _, w in spray]
-            msg.spray = (hops, [float(sum(h.total for h in hs)) for hs in hops], ser)
+            heads = [float(sum(h.total for h in hs)) for hs in hops]
+            own = None
+            if self.machine.routing.adaptive:
+                # NOTE: adaptive: times are absolute, and each path's own links (those not
+                # every path crosses) are watched for other messages' committed traffic.
+                common = set.intersection(*({h.link for h in hs} for hs in hops))
+                own = [[h.link for h in hs if h.link not in common] for hs in hops]
+                heads = [self.engine.now + x for x in heads]
+            msg.spray = (hops, heads, ser, own)
         return msg
 
     @staticmethod
     def _pick(msg: Message, n: int):
         """The hops of the next train (``n`` flits) of a sprayed message: the path where it
-        would arrive first (``message``)."""
-        hops, ends, ser = msg.spray
+        would arrive first (``message``); adaptive (``[routing] adaptive``): also not before
+        the committed traffic on the path's own links has passed."""
+        hops, ends, ser, own = msg.spray
         best, when = 0, None
         for i, end in enumerate(ends):
+            if own is not None:
+                busy = max((link.ts[-1] for link in own[i] if link.ts), default=0)
+                end = busy if busy > end else end
             t = end + n * ser[i]
             if when is None or t < when:
                 best, when = i, t
@@ -208,6 +221,20 @@ class Network(MulticastMechanics):
         got = self._chunks.get(n_flits)
         if got is None:
             got = self._chunks[n_flits] = self._cut(n_flits)
+        return got
+
+    def trains(self, msg: Message):
+        """(first flit, flit count) of each train of ``msg``: ``chunks``, except that in
+        reservation mode a sprayed message makes at least 4 trains per path (of at least 16
+        flits), so that its packets spread over its paths as in the fast mode."""
+        if msg.spray is None or not self.policy.reserve:
+            return self.chunks(msg.n_flits)
+        key = (msg.n_flits, len(msg.spray[0]))
+        got = self._chunks.get(key)
+        if got is None:
+            n = msg.n_flits
+            c = min(self.policy.chunk_flits, max(16, -(-n // (4 * key[1]))))
+            got = self._chunks[key] = [(f, min(c, n - f)) for f in range(0, n, c)]
         return got
 
     def _cut(self, n_flits: int) -> list:
@@ -250,7 +277,7 @@ class Network(MulticastMechanics):
         """
         self.engine.record(msg.corr, msg.path[0], "inject", t, t, f"{msg.what} {msg.n_flits} flits to {msg.path[-1]}")
         private = whole and self.policy.chunk_flits > 1
-        trains = [(0, msg.n_flits)] if private else self.chunks(msg.n_flits)
+        trains = [(0, msg.n_flits)] if private else self.trains(msg)
         if len(trains) == 1 and t == self.engine.now and (self.policy.reserve or (private and len(msg.hops) == 1)):
             # NOTE: nothing can interleave with a train on one private link, and reservation
             # mode commits a path when it is sent: cross it now, without a train event (the

@@ -103,16 +103,21 @@ def resource_ps(machine, programs: dict) -> Counter:
     for link, n in load.local.items():
         _path_load(machine, busy, link, n)
     g = machine.graph
+    adaptive = []
     for (src, dst), n in load.pairs.items():
         if g.nodes[src]["kind"] == "ipcq" or not machine.multipath:
             path = machine.route(src, dst) if g.nodes[src]["kind"] == "ipcq" else data_path(machine, src, dst)
             _path_load(machine, busy, path, n)
         else:
-            # NOTE: a sprayed transfer loads each of its paths by its share of the packets.
+            # NOTE: a sprayed transfer loads each of its paths by its share of the packets
+            # (adaptive spraying: split where the load is least, once the rest is known).
             paths = data_paths(machine, src, dst)
-            total = sum(w for _, w in paths)
-            for path, w in paths:
-                _path_load(machine, busy, path, n * w / total)
+            if machine.routing.adaptive and len(paths) > 1:
+                adaptive.append((tuple(p for p, _ in paths), n))
+            else:
+                total = sum(w for _, w in paths)
+                for path, w in paths:
+                    _path_load(machine, busy, path, n * w / total)
         for node in (src, dst):
             _memory_load(g, busy, node, n)
     for (src, dsts), n in load.trees.items():
@@ -121,7 +126,39 @@ def resource_ps(machine, programs: dict) -> Counter:
             busy[(u, v)] += n * g.edges[u, v]["flit_ps"]
         for node in (src,) + dsts:
             _memory_load(g, busy, node, n)
+    spread(machine, busy, adaptive)
     return busy
+
+
+#: Rounds of ``spread``'s greedy split of an adaptively sprayed transfer.
+SPREAD_ROUNDS = 16
+
+
+def spread(machine, loads: Counter, sprayed: list) -> None:
+    """Add adaptively sprayed transfers (``(paths, flits)``) to the link ``loads`` (ps).
+
+    NOTE: greedy water-filling, as adaptive packets go where the traffic is lightest: in
+    ``SPREAD_ROUNDS`` rounds each transfer puts a share of its flits on the path whose most
+    loaded link of its own (one not every path of the transfer crosses) would be least
+    loaded after it (ties: the first path); links every path crosses take all its flits."""
+    if not sprayed:
+        return
+    g = machine.graph
+    touched = set()
+    plans = []
+    for paths, flits in sprayed:
+        edges = [list(zip(p, p[1:])) for p in paths]
+        common = set.intersection(*(set(es) for es in edges))
+        plans.append(([[(e, g.edges[e]["flit_ps"]) for e in es if e not in common] for es in edges],
+                      [(e, g.edges[e]["flit_ps"]) for e in common], flits / SPREAD_ROUNDS))
+        touched.update(e for es in edges for e in es)
+    for _ in range(SPREAD_ROUNDS):
+        for own, common, part in plans:
+            best = min(own, key=lambda es: max((loads[e] + part * ps for e, ps in es), default=0))
+            for e, ps in best + common:
+                loads[e] += part * ps
+    for e in touched:
+        loads[e] = round(loads[e])
 
 
 def _memory_load(g, busy: Counter, node: str, n: int) -> None:

@@ -10,7 +10,18 @@ machine's ``[routing]`` policy (docs/topology-format.md).
   each the least-latency route from the port on, not revisiting a node; a message that
   needs no port (it stays inside the chip) takes its single route.
 
-Each path's weight is its bottleneck bandwidth; the network sends each packet (train) on
+On a system of chips (``system_route.SystemRouter``) both policies spray between chips over
+the chips' port groups: over the tray link and the switch tiers, and with ``relays = 1``
+through one other chip too (``SystemRouter.spray``).
+
+``adaptive = true`` (congestion-aware spraying, as ATLv2's entropies recycled from
+known-good paths, REPS): a packet also counts the traffic of other messages already
+committed on each path's links (``sim.network.Network._pick``).
+
+Each path's weight is its bottleneck bandwidth, a link shared by ``k`` of the message's paths
+counting a ``k``-th of its bandwidth for each (so that paths that leave by one port do not
+each claim all of it; a link all of them cross is left out: it limits the message, not how
+it splits); the network sends each packet (train) on
 the path where it would arrive first (``sim.network.Network.message``), and the models load
 each path by its share of the bandwidth.
 """
@@ -28,11 +39,15 @@ MAX_PATHS = 16
 
 @dataclass(frozen=True)
 class RoutingPolicy:
-    """``policy`` (one of ``POLICIES``), the most paths a message uses, the port kind."""
+    """``policy`` (one of ``POLICIES``), the most paths a message uses, the port kind, and
+    ``adaptive``: a packet also sees the traffic other messages committed on each path;
+    ``relays``: on a system of chips, how many other chips a way may cross (0 or 1)."""
 
     policy: str = "single"
     max_paths: int = MAX_PATHS
     port_kind: str | None = None
+    adaptive: bool = False
+    relays: int = 0
 
     @classmethod
     def from_doc(cls, doc: dict | None, graph, path: str) -> "RoutingPolicy":
@@ -47,7 +62,14 @@ class RoutingPolicy:
                                     "kind of a chip's network ports, e.g. \"nic\")")
             if not any(d["kind"] == kind for _, d in graph.nodes(data=True)):
                 raise TopologyError(path, "routing.port_kind", f"no node is of kind {kind!r}")
-        return cls(policy, doc.get("max_paths", MAX_PATHS), kind)
+        if doc.get("adaptive") and policy == "single":
+            raise TopologyError(path, "routing.adaptive", "adaptive spraying needs a spraying policy "
+                                "('minimal-spray' or 'port-spray'), not 'single'")
+        relays = doc.get("relays", 0)
+        if relays > 1:
+            raise TopologyError(path, "routing.relays", f"{relays}: a way between two chips crosses at most one "
+                                "other chip (0 or 1)")
+        return cls(policy, doc.get("max_paths", MAX_PATHS), kind, bool(doc.get("adaptive", False)), relays)
 
 
 class Paths:
@@ -66,19 +88,31 @@ class Paths:
         got = self._cache.get(key)
         if got is None:
             single = self.router.route(src, dst)
-            if self.policy.policy == "minimal-spray":
+            if self.policy.policy != "single" and hasattr(self.router, "spray"):
+                # NOTE: a system of chips sprays over its chips' port groups and relay chips
+                # (``system_route.SystemRouter.spray``), not over a search of the whole graph.
+                found = self.router.spray(src, dst, self.policy.policy, self.policy.max_paths, self.policy.relays)
+            elif self.policy.policy == "minimal-spray":
                 found = self._minimal(src, dst)
             elif self.policy.policy == "port-spray":
                 found = self._ports(src, dst, single)
             else:
                 found = []
-            found = list(dict.fromkeys(found)) or [single]
-            got = self._cache[key] = tuple((p, self._bottleneck(p)) for p in found[: self.policy.max_paths])
+            found = (list(dict.fromkeys(found)) or [single])[: self.policy.max_paths]
+            got = self._cache[key] = tuple(zip(found, self._shares(found)))
         return got
 
-    def _bottleneck(self, path: tuple) -> float:
-        g = self.graph
-        return min(g.edges[u, v]["bw_gbps"] for u, v in zip(path, path[1:]))
+    def _shares(self, paths: list) -> list:
+        """Each path's weight: its bottleneck bandwidth, a link that ``k`` of the paths cross
+        counting ``bw / k`` (the paths of one message share it), links all cross left out."""
+        g, uses = self.graph, {}
+        for p in paths:
+            for e in zip(p, p[1:]):
+                uses[e] = uses.get(e, 0) + 1
+        # NOTE: a link every path crosses (the source's own port) limits the message, not its split.
+        every = len(paths) if len(paths) > 1 else 0
+        return [min((g.edges[e]["bw_gbps"] / uses[e] for e in zip(p, p[1:]) if uses[e] != every),
+                    default=min(g.edges[e]["bw_gbps"] for e in zip(p, p[1:]))) for p in paths]
 
     def _from(self, node: str) -> tuple:
         """(predecessors, distances) of every transit node from transit ``node`` over the

@@ -142,6 +142,8 @@ ROUTING = Record({
     "policy": req(STR),
     "max_paths": opt(POS_INT),
     "port_kind": opt(STR),
+    "adaptive": opt(BOOL),
+    "relays": opt(NONNEG_INT),
 })
 
 LINK = Record({

@@ -187,7 +187,7 @@ class DmaModel:
             return
         net.engine.record(msg.corr, cmd.src.node, "read", t, t, f"{msg.n_flits} bursts")
         stride = cmd.src_stride or src_mem.burst_bytes
-        for first, n in net.chunks(msg.n_flits):
+        for first, n in net.trains(msg):
             head, tail, c = src_mem.read(t, chain, cmd.src.addr, stride, first, n)
             net.inject(msg, first, n, head, tail, c)
 
