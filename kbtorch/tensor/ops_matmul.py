@@ -25,7 +25,7 @@ import torch
 from ..ops.gemm import gemm
 from .dispatch import Out, refuse, register, same_device, value_of
 from .kernels import kernel_dtype, on, timed, vector
-from .placement import Partial, Replicate, Shard, default_spec
+from .placement import Partial, Replicate, Shard, default_spec, scoped_pes
 from .sharding import flat, placement, settle_partial
 
 aten = torch.ops.aten
@@ -43,8 +43,9 @@ def _gemm(machine, m: int, n: int, k: int, dtype: str, slices: str | None = None
 
 
 def timed_mm(machine, op: str, args, m: int, n: int, k: int, dtype: str, detail: str = ""):
-    """The GEMM of ``op`` over all PEs (automatic tiling and grid), as a ``Timed`` run."""
-    run = _gemm(machine, m, n, k, dtype)
+    """The GEMM of ``op`` over all PEs (the scope's, ``placement.SCOPE``, while one is set;
+    automatic tiling and grid), as a ``Timed`` run."""
+    run = _gemm(machine, m, n, k, dtype, None, scoped_pes(machine))
     return timed(op, args, "gemm", run.result, 2 * m * n * k, detail or run.tiling.describe())
 
 
