@@ -6,7 +6,8 @@ contiguous groups (as even as possible, the first stages taking one more) and gi
 ``s`` the PEs of chips ``[s C/p, (s+1) C/p)`` of the (chips x PEs) ``mesh``: its layers'
 weights live there (placed as ``default_spec`` places over those PEs), the modules before
 the layers (the embedding, the rotary table) on the first stage, those after (the final
-norm, the LM head) on the last. While a stage runs, new tensors and unplaced kernels use
+norm, the LM head) on the last; a weight keeps the placement it had (``place_tp``'s
+column/row-parallel linears: tensor parallel over the stage's PEs). While a stage runs, new tensors and unplaced kernels use
 its PEs (``placement.SCOPE``) and its ops go on its own trace track (``stream.TRACK``).
 
 A call of the model splits the batch into ``microbatches`` (``torch.chunk`` of the rows)
@@ -43,7 +44,7 @@ from . import stream
 from .chips import chip_mesh, chip_rows, chips_of
 from .dispatch import is_ahbm, leaves, map_leaves, value_of
 from .kernels import kernel_dtype
-from .placement import SCOPE, Mesh, Replicate, Spec, default_spec
+from .placement import SCOPE, Mesh, Partial, Replicate, Spec, default_spec
 from .tensor import AhbmTensor
 
 #: PE pairs per chip that carry a transfer between stages.
@@ -121,8 +122,10 @@ def _stage_of_modules(model, layers, groups) -> dict:
 
 
 def _place(module, mesh: Mesh) -> None:
-    """The module's own parameters and buffers on ``mesh``, placed as ``default_spec`` does
-    over its PEs (untimed deployment)."""
+    """The module's own parameters and buffers on ``mesh`` (untimed deployment): a tensor
+    placed on a 1-D mesh keeps its placement (a column- or row-parallel weight stays one,
+    now over the stage's PEs: tensor parallel inside the stage), any other as
+    ``default_spec`` places it over the stage's PEs."""
     token = SCOPE.set(mesh)
     try:
         for store in (module._parameters, module._buffers):
@@ -130,8 +133,10 @@ def _place(module, mesh: Mesh) -> None:
                 if t is None or (is_ahbm(t) and tuple(t._spec.mesh.pes) == mesh.pes):
                     continue
                 value = value_of(t) if is_ahbm(t) else t.detach().clone()
+                keep = is_ahbm(t) and len(t._spec.placements) == 1 and not isinstance(t._spec.placements[0], Partial)
+                spec = Spec(mesh, t._spec.placements) if keep else default_spec(mesh.machine, tuple(value.shape))
                 store[key] = None
-                new = AhbmTensor(value, default_spec(mesh.machine, tuple(value.shape)))
+                new = AhbmTensor(value, spec)
                 store[key] = torch.nn.Parameter(new, requires_grad=False) if isinstance(t, torch.nn.Parameter) \
                     else new
     finally:
