@@ -103,3 +103,14 @@ def test_bad_plans_are_refused():
         model(torch.ones(2, 3, dtype=torch.long).to("ahbm"))
     with pytest.raises(ValueError, match="no list of decoder layers"):
         pipeline_parallel(torch.nn.Linear(4, 4), chip_mesh(), 2, 1)
+
+
+def test_a_stage_called_alone_is_refused_and_the_scope_is_left_clean():
+    from kbtorch.tensor.placement import SCOPE
+    model, _ = _pp(2, 1)
+    x = torch.ones(1, 2, 64).to("ahbm")
+    with pytest.raises(RuntimeError, match="outside the pipelined model's forward"):
+        model.model.layers[1](x)
+    with torch.no_grad():
+        model(torch.ones(1, 3, dtype=torch.long).to("ahbm"))
+    assert SCOPE.get() is None

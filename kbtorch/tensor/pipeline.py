@@ -153,11 +153,15 @@ class Pipeline:
         self.stage = None           # the stage running now (None: outside a micro-batch)
         self.free = [0.0] * len(meshes)
         self.moved: dict = {}       # id(tensor) -> (tensor, its copy on the running stage)
+        self.calling = False        # inside a call of the pipelined model
 
     def hook(self, s: int):
         """The forward pre-hook of a module of stage ``s``: a new stage takes over (``enter``);
         the inputs not on the stage's PEs move there."""
         def pre(module, args, kwargs):
+            if not self.calling:
+                raise RuntimeError(f"pipeline_parallel: {type(module).__name__} of stage {s} called outside the "
+                                   f"pipelined model's forward (call the model itself)")
             if s == self.stage:
                 return self._here_all(args, kwargs)
             if self.stage is not None:
@@ -252,7 +256,8 @@ class Pipeline:
         model.forward = forward
 
     def call(self, inner, args, kwargs):
-        if len(args) > 1 or any(kwargs.get(k) for k in ("labels", "output_hidden_states", "output_attentions")):
+        if len(args) > 1 or any(kwargs.get(k) is not None and kwargs.get(k) is not False
+                                for k in ("labels", "output_hidden_states", "output_attentions")):
             raise NotImplementedError("pipeline_parallel: a call with more than input_ids positionally, labels= or "
                                       "output_hidden_states/attentions= is not supported yet")
         kwargs = dict(kwargs, **({"input_ids": args[0]} if args else {}))
@@ -265,6 +270,7 @@ class Pipeline:
         parts = _caches(cache, m)
         bounds = [(j * (-(-batch // m)), min(batch, (j + 1) * (-(-batch // m)))) for j in range(m)]
         t0, outer, ends, outs = stream.clock_ns(), (SCOPE.get(), stream.TRACK.get()), [], []
+        self.calling = True
         try:
             for j, (a, b) in enumerate(bounds):
                 stream.set_clock_ns(t0)
@@ -273,13 +279,14 @@ class Pipeline:
                 out = inner(**kw, **{key: parts[j]})
                 self.free[self.stage] = stream.clock_ns()
                 stream.TRACK.set("pp sends")
-                self.send([out.logits], out.logits._spec.mesh, self.chips[0], "stage 0 (logits)")
+                head = _head(out)
+                self.send([out[head]], out[head]._spec.mesh, self.chips[0], f"stage 0 ({head})")
                 ends.append(stream.clock_ns())
                 outs.append(out)
         finally:
             SCOPE.set(outer[0])
             stream.TRACK.set(outer[1])
-            self.stage = None
+            self.stage, self.calling, self.moved = None, False, {}
         stream.set_clock_ns(max(ends + self.free))
         return _joined(outs, parts, key)
 
@@ -315,15 +322,19 @@ def _caches(cache, m: int) -> list:
 def _joined(outs: list, parts: list, key: str):
     """The micro-batches' outputs as one: their logits joined (no kernel: each micro-batch's
     stays where it was made), their caches as one ``MicroCaches``."""
-    logits = [o.logits for o in outs]
-    value = torch.cat([value_of(x) for x in logits])
-    machine = logits[0].machine
+    head = _head(outs[0])
+    value = torch.cat([value_of(o[head]) for o in outs])
     out = outs[0]
-    out["logits"] = AhbmTensor(value, default_spec(machine, tuple(value.shape)))
+    out[head] = AhbmTensor(value, default_spec(out[head].machine, tuple(value.shape)))
     caches = [o.get(key) if key in o else o.get("past_key_values") for o in outs]
     if caches[0] is not None:
         out[key if key in out else "past_key_values"] = micro_caches(caches)
     return out
+
+
+def _head(out) -> str:
+    """The output a model call hands on: its logits (a causal LM) or last hidden state."""
+    return "logits" if out.get("logits") is not None else "last_hidden_state"
 
 
 def micro_caches(parts: list):
