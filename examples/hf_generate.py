@@ -116,6 +116,22 @@ def bound(args) -> None:
         limits.check("elements", params, what)
 
 
+def check_plan(args) -> None:
+    """Refuse a plan across chips the machine or the model cannot take, before anything is built."""
+    machine = kbtorch.current_machine()
+    if args.ep:
+        try:
+            kbtorch.chip_mesh(machine, args.ep)
+        except ValueError as exc:
+            raise ValueError(f"argument --ep: {exc}") from None
+    if args.pp:
+        chips = kbtorch.chip_mesh(machine).shape[0]
+        layers = config(TINY.get(args.model, args.model)).num_hidden_layers
+        if chips % args.pp or layers < args.pp:
+            raise ValueError(f"argument --pp: {args.pp} stages need a divisor of the {chips} chip(s) of "
+                             f"'{machine.name}' and at most the model's {layers} layers")
+
+
 def parallel_plan(args, model) -> str:
     """Apply the plan across chips that ``--ep`` / ``--pp`` choose to ``model`` (on ahbm,
     placed by ``place_tp``); -> the plan, as printed."""
@@ -258,6 +274,7 @@ def main(argv=None) -> int:
             raise ValueError(f"argument --topology: {exc}") from None
     kbtorch.current_machine()       # NOTE: a bad --topology or $KBTORCH_TOPOLOGY is refused before the model is built
     bound(args)
+    check_plan(args)
     if args.mode == "both":
         return both(args)
     t0 = time.perf_counter()

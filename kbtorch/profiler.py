@@ -60,7 +60,16 @@ class Profile:
 
     @property
     def total_ns(self) -> float:
+        """The ops' latencies summed (with pipeline stages, their busy time added up)."""
         return sum(r.latency_ns for r in self.records)
+
+    @property
+    def span_ns(self) -> float:
+        """From the first op's start to the last op's end: the elapsed time, also when ops
+        of pipeline stages overlap (one stream: ``total_ns``)."""
+        if not self.records:
+            return 0.0
+        return max(r.start_ns + r.latency_ns for r in self.records) - min(r.start_ns for r in self.records)
 
     def key_averages(self) -> "KeyAverages":
         return KeyAverages(self.records)

@@ -73,6 +73,7 @@ def test_latency_is_m_plus_p_minus_1_stage_times_and_the_bubble_shows(tmp_path):
     hop = max(sends)
     expect = (m + p - 1) * stage + 2 * hop                           # a hop to stage 1, the logits back
     assert abs(latency - expect) / expect < 0.05
+    assert prof.span_ns == pytest.approx(latency) and prof.total_ns > latency
     assert latency < 0.75 * m * p * stage                            # stages overlap
     first = min(r.start_ns for r in busy["pp stage 1"]) - start      # stage 1 idles: the bubble
     assert first >= stage
