@@ -87,3 +87,6 @@ def test_bad_mesh_and_a_model_without_experts_are_refused():
     mixed = kbtorch.Mesh(tuple(range(16)), (2, 8))
     with pytest.raises(ValueError, match="mesh row 0"):
         expert_parallel(build("tiny-mixtral")[0], mixed)
+    twice = expert_parallel(build("tiny-mixtral")[0], chip_mesh())
+    with pytest.raises(ValueError, match="already expert parallel"):
+        expert_parallel(twice, chip_mesh())

@@ -100,6 +100,8 @@ def test_bad_plans_are_refused():
     with pytest.raises(ValueError, match="cannot fill 4 stages"):
         pipeline_parallel(model, chip_mesh(), 4, 1)
     pipeline_parallel(model, chip_mesh(), 2, 3)
+    with pytest.raises(ValueError, match="already pipelined"):
+        pipeline_parallel(model, chip_mesh(), 2, 1)
     with pytest.raises(ValueError, match="a batch of 2 cannot make 3 micro-batches"):
         model(torch.ones(2, 3, dtype=torch.long).to("ahbm"))
     with pytest.raises(ValueError, match="no list of decoder layers"):

@@ -76,6 +76,8 @@ def expert_parallel(model: torch.nn.Module, mesh: Mesh | None = None) -> torch.n
                          f"parameters gate_up_proj[E, 2I, H] and down_proj[E, H, I])")
     for name, m in found:
         _check(name, m)
+        if isinstance(m.__dict__.get("forward"), _ExpertParallel):
+            raise ValueError(f"expert_parallel: experts '{name}' are already expert parallel")
     for name, m in found:
         twin = copy.copy(m)
         twin._parameters = dict(m._parameters)

@@ -82,6 +82,9 @@ def pipeline_parallel(model: torch.nn.Module, mesh: Mesh | None = None, stages: 
         raise ValueError(f"pipeline_parallel: {stages} stages do not split the mesh's {len(rows)} chips evenly")
     if microbatches < 1:
         raise ValueError(f"pipeline_parallel: microbatches must be positive, got {microbatches}")
+    if "pipeline" in getattr(model, "parallel_plan", {}):
+        raise ValueError(f"pipeline_parallel: {type(model).__name__} is already pipelined "
+                         f"({model.parallel_plan['pipeline']})")
     name, layers = decoder_layers(model)
     if len(layers) < stages:
         raise ValueError(f"pipeline_parallel: {len(layers)} decoder layers ('{name}') cannot fill {stages} stages")
