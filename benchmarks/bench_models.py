@@ -9,7 +9,11 @@ over systems).
 - **(c) full-size decode**, timing-only, batch 1, prompt 4, 2 new tokens
   (``examples/hf_generate.py`` in a fresh process): Qwen3-30B-A3B on maia200 (61 GB),
   DeepSeek-V3 on ahbm (1342 GB of 1649 GB): time per token, % of the HBM roofline, wall.
-  ``--quick`` skips (c) (minutes each).
+- **(d) Mixtral-8x7B on maia200_x8 with EP 8**, timing-only, batch 1, prompt 4, one decode
+  step (``kbtorch.models.hf_plans.decode``, plan ``ep``): decode tokens/s, the share of the
+  step's op time in the all-to-alls, the experts routed per layer (top-2 of 8 for one token)
+  and the share of all experts' weight bytes the step's expert GEMMs read (2 of 8: ~25%).
+  ``--quick`` skips (c) and (d) (minutes each).
 
     python benchmarks/bench_models.py [--quick] [--json PATH]
 """
@@ -64,6 +68,14 @@ def generate(name: str, *flags: str) -> dict:
     return rec
 
 
+def ep_row() -> dict:
+    """Row (d): Mixtral-8x7B decoding on maia200_x8 under expert parallelism over its 8 chips."""
+    from kbtorch.models.hf_plans import decode
+    t0 = time.perf_counter()
+    row = decode("maia200_x8", "ep", "mixtral-8x7b", batch=1, prompt=4)
+    return dict(row, wall_s=time.perf_counter() - t0)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip the full-size decode runs")
@@ -93,6 +105,17 @@ def main(argv=None) -> int:
                                 measured=f"{r['tpot_ns'] / 1e3:.0f} us/token, {step['pct_hbm_roofline']:.1f}% HBM",
                                 **{"pass": r["tpot_ns"] > 0}))
         payload["full"] = full
+        payload["ep"] = ep = ep_row()
+        print(f"mixtral-8x7b on maia200_x8, EP 8: {ep['decode_tokens_per_s']:.0f} tokens/s, {ep['pct_all_to_all']:.1f}% "
+              f"in all-to-all, {ep['experts_routed_per_layer']} experts routed a layer, "
+              f"{ep['pct_expert_bytes_read']:.1f}% of expert weight bytes read, {ep['wall_s']:.0f} s wall")
+        targets.append(dict(target="Mixtral-8x7B on maia200_x8 with EP 8: runs; all-to-all visible; only routed "
+                                   "experts read",
+                            measured=f"{ep['decode_tokens_per_s']:.0f} tokens/s, {ep['pct_all_to_all']:.1f}% all-to-all, "
+                                     f"{ep['experts_routed_per_layer']}/8 experts, {ep['pct_expert_bytes_read']:.1f}% "
+                                     f"of expert bytes",
+                            **{"pass": ep["pct_all_to_all"] > 0 and ep["experts_routed_per_layer"] == 2
+                               and 20 < ep["pct_expert_bytes_read"] < 30}))
     finish(targets, t0, args.json, payload)
     return 0
 

@@ -20,6 +20,9 @@ per-op profile.
     python examples/hf_generate.py --model tiny --batch 4 --check --cache static
     python examples/hf_generate.py --model tiny-deepseek-v3 --check
     python examples/hf_generate.py --model path/to/snapshot --topology maia200     # its config.json
+    python examples/hf_generate.py --model mixtral-8x7b --topology maia200_x8 --ep 8 --prompt-len 32 --new-tokens 2
+    python examples/hf_generate.py --model tiny-llama --topology tests/data/tiny_system.toml --pp 2 --microbatches 2 \
+        --batch 4 --check
 """
 from __future__ import annotations
 
@@ -60,7 +63,21 @@ def parse(argv):
     ap.add_argument("--check", action="store_true", help="tiny models: logits and tokens against CPU")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--topology", metavar="NAME|PATH", help="the machine (default: $KBTORCH_TOPOLOGY or ahbm)")
+    ap.add_argument("--ep", type=int, metavar="N", help="expert parallel over the first N chips of a system "
+                    "(kbtorch.expert_parallel: experts on chips, all-to-all dispatch/combine)")
+    ap.add_argument("--pp", type=int, metavar="N", help="pipeline parallel: the decoder layers in N stages on chip "
+                    "groups (kbtorch.pipeline_parallel)")
+    ap.add_argument("--microbatches", type=int, default=1, metavar="M", help="micro-batches per call with --pp")
     args = ap.parse_args(argv)
+    for name in ("ep", "pp"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            ap.error(f"argument --{name}: must be positive, got {getattr(args, name)}")
+    if args.ep and args.pp:
+        ap.error("--ep with --pp is not supported yet (one plan across chips at a time)")
+    if args.microbatches != 1 and not args.pp:
+        ap.error("--microbatches needs --pp")
+    if args.pp and not 1 <= args.microbatches <= args.batch:
+        ap.error(f"argument --microbatches: between 1 and --batch ({args.batch}), got {args.microbatches}")
     try:
         config(TINY.get(args.model, args.model))
     except ValueError as exc:
@@ -97,6 +114,37 @@ def bound(args) -> None:
         with torch.device("meta"):
             params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(cfg).parameters())
         limits.check("elements", params, what)
+
+
+def check_plan(args) -> None:
+    """Refuse a plan across chips the machine or the model cannot take, before anything is built."""
+    machine = kbtorch.current_machine()
+    if args.ep:
+        try:
+            kbtorch.chip_mesh(machine, args.ep)
+        except ValueError as exc:
+            raise ValueError(f"argument --ep: {exc}") from None
+    if args.pp:
+        chips = kbtorch.chip_mesh(machine).shape[0]
+        layers = config(TINY.get(args.model, args.model)).num_hidden_layers
+        if chips % args.pp or layers < args.pp:
+            raise ValueError(f"argument --pp: {args.pp} stages need a divisor of the {chips} chip(s) of "
+                             f"'{machine.name}' and at most the model's {layers} layers")
+
+
+def parallel_plan(args, model) -> str:
+    """Apply the plan across chips that ``--ep`` / ``--pp`` choose to ``model`` (on ahbm,
+    placed by ``place_tp``); -> the plan, as printed."""
+    machine = kbtorch.current_machine()
+    base = (f"default: every weight over a flat mesh of all {len(machine.pes)} PEs of '{machine.name}' "
+            f"(column/row-parallel linears, kbtorch.models.hf.place_tp)")
+    if args.ep:
+        kbtorch.expert_parallel(model, kbtorch.chip_mesh(machine, args.ep))
+        return f"{base}; experts: {model.parallel_plan['expert']}"
+    if args.pp:
+        kbtorch.pipeline_parallel(model, kbtorch.chip_mesh(machine), args.pp, args.microbatches)
+        return model.parallel_plan["pipeline"] + ", each stage's weights over its PEs as the default places them"
+    return base
 
 
 class StepClock:
@@ -138,6 +186,7 @@ def run(args, graph: bool = False):
     with data():
         model.to("ahbm")
         place_tp(model)
+        model.plan_text = parallel_plan(args, model)
     clock = StepClock(model)
     if graph:
         kbtorch.graphed(model)
@@ -176,7 +225,8 @@ def report(args, prof, clock, out, expect, model, wall: float) -> dict:
     tpot = sum(decode) / len(decode) if decode else None
     total = sum(clock.steps)
     rec = {"model": args.model, "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-           "cache": args.cache, "kernels": args.kernels, "timing_only": args.timing_only, "ttft_ns": prefill,
+           "cache": args.cache, "kernels": args.kernels, "timing_only": args.timing_only, "plan": model.plan_text,
+           "ttft_ns": prefill,
            "tpot_ns": tpot, "decode_steps": steps,
            "tokens_per_s": args.batch * args.new_tokens * 1e9 / total if total else None,
            "decode_tokens_per_s": args.batch * 1e9 / tpot if tpot else None, "total_ns": total,
@@ -224,6 +274,7 @@ def main(argv=None) -> int:
             raise ValueError(f"argument --topology: {exc}") from None
     kbtorch.current_machine()       # NOTE: a bad --topology or $KBTORCH_TOPOLOGY is refused before the model is built
     bound(args)
+    check_plan(args)
     if args.mode == "both":
         return both(args)
     t0 = time.perf_counter()
@@ -237,6 +288,7 @@ def main(argv=None) -> int:
     print(f"\n{args.model}, batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
           f"{args.cache} cache, {args.kernels} norms ({'timing only' if args.timing_only else 'with data'}, "
           f"{rec['wall_s']:.1f} s wall)")
+    print(f"plan: {rec['plan']}")
     print(f"time to first token (prefill): {rec['ttft_ns'] / 1e3:.1f} us")
     for s in rec["decode_steps"]:
         print(f"  decode step, context {s['context']}: {s['ns'] / 1e3:.1f} us, "

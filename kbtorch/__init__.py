@@ -7,6 +7,9 @@ from .profiler import profile
 from .tensor.device import register as _register
 from .tensor.graph import Graph as graph, graphed
 from . import compile as _compile
+from .tensor.chips import chip_mesh
+from .tensor.expert_parallel import expert_parallel
+from .tensor.pipeline import pipeline_parallel
 from .tensor.placement import Mesh, Partial, Replicate, Shard, default_spec
 from .tensor.tensor import distribute_tensor, timing_only
 from .topology import current_machine, use
@@ -14,5 +17,5 @@ from .topology import current_machine, use
 _register()
 _compile.listen_for_breaks()
 
-__all__ = ["graph", "graphed", "Mesh", "Partial", "Replicate", "Shard", "current_machine", "default_spec",
-           "distribute_tensor", "profile", "timing_only", "use"]
+__all__ = ["graph", "graphed", "Mesh", "Partial", "Replicate", "Shard", "chip_mesh", "current_machine", "default_spec",
+           "distribute_tensor", "expert_parallel", "pipeline_parallel", "profile", "timing_only", "use"]

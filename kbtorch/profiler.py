@@ -60,13 +60,23 @@ class Profile:
 
     @property
     def total_ns(self) -> float:
+        """The ops' latencies summed (with pipeline stages, their busy time added up)."""
         return sum(r.latency_ns for r in self.records)
+
+    @property
+    def span_ns(self) -> float:
+        """From the first op's start to the last op's end: the elapsed time, also when ops
+        of pipeline stages overlap (one stream: ``total_ns``)."""
+        if not self.records:
+            return 0.0
+        return max(r.start_ns + r.latency_ns for r in self.records) - min(r.start_ns for r in self.records)
 
     def key_averages(self) -> "KeyAverages":
         return KeyAverages(self.records)
 
     def export_chrome_trace(self, path: str) -> None:
-        """Chrome/Perfetto JSON: every op on its kernel's track; on one track per engine role
+        """Chrome/Perfetto JSON: every op on its kernel's track (a pipeline stage's ops on
+        their stage's track); on one track per engine role
         and per link kind an event over the op's span named with how busy it was (engines:
         mean over the PEs used; links: the busiest link of the kind); and on one track per
         engine of the op's first PE, its commands as they ran (busy spans, up to
@@ -75,7 +85,7 @@ class Profile:
         events = []
         for r in self.records:
             base = {"ph": "X", "pid": 1, "ts": r.start_ns / 1000, "dur": r.latency_ns / 1000}
-            events.append(dict(base, name=r.name, cat=r.kernel, tid=tracks.setdefault(r.kernel, len(tracks) + 1),
+            events.append(dict(base, name=r.name, cat=r.kernel, tid=tracks.setdefault(r.track or r.kernel, len(tracks) + 1),
                                args={"shapes": [list(s) for s in r.shapes], "bottleneck": r.bottleneck,
                                      "flops": r.flops, "bytes": r.bytes, "detail": r.detail}))
             for track, busy in r.usage:

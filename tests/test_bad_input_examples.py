@@ -79,6 +79,13 @@ HF = [
     (["--topology", "/no/such/machine.toml"], "argument --topology: /no/such/machine.toml: file: no such topology file"),
     (["--topology", str(EXAMPLES)], "is a directory"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["--ep", "0"], "argument --ep: must be positive, got 0"),
+    (["--pp", "-1"], "argument --pp: must be positive, got -1"),
+    (["--ep", "2", "--pp", "2"], "--ep with --pp is not supported yet"),
+    (["--microbatches", "2"], "--microbatches needs --pp"),
+    (["--pp", "2", "--microbatches", "3", "--batch", "2"], "argument --microbatches: between 1 and --batch (2), got 3"),
+    (["--ep", "9"], "argument --ep: chip_mesh: 9 chips asked of topology 'ahbm', which has 1"),
+    (["--pp", "2"], "argument --pp: 2 stages need a divisor of the 1 chip(s) of 'ahbm'"),
 ]
 
 

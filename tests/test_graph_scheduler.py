@@ -69,3 +69,11 @@ def test_semaphores_are_renamed_apart_and_one_launch_issues_every_command(tiny):
     assert commands == sum(len(v) for v in a.values()) + sum(len(v) for v in b.values())
     sems = {s.sem for cmds in programs.values() for cmd in cmds for s in cmd.signals}
     assert sems == {"0.done", "1.done"}
+
+
+def test_shared_read_keys_are_renamed_apart_per_kernel():
+    from kbtorch.sim.commands import Composite, Loc, Move, Share
+    read = Move(Loc("hbm0"), 64, share=Share("weights", (0, 1)))
+    cmd = Composite(tiles=2, staging=Loc("tcm0"), reads=(read, Move(Loc("hbm0"), 64)))
+    renamed = scheduler._rename(cmd, "3.")
+    assert renamed.reads[0].share == Share("3.weights", (0, 1)) and renamed.reads[1].share is None

@@ -13,7 +13,7 @@ import torch
 
 from ..ops.contract import dtype_of
 from ..ops.elementwise import elementwise
-from .placement import Shard, Spec, flat_mesh
+from .placement import Shard, Spec, flat_mesh, scoped_pes
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,10 @@ def timed(name: str, args, kernel: str, result, flops: int, detail: str = "", ro
 def vector(machine, op: str, numel: int, *, placed=None, pes=None, shape=None, inputs: int = 2, dtype: str = "f16",
            elem_bytes: int = 2, flops_per_element: int | None = None, out_ratio: float = 1.0):
     """The vector MATH kernel (``ops.elementwise``) for a result of ``numel`` elements on the
-    PEs ``pes`` (default: all): split over the PEs that hold a part when ``placed`` is a
+    PEs ``pes`` (default: all, or the scope's: ``placement.SCOPE``): split over the PEs that hold a part when ``placed`` is a
     ``Shard`` (at most ``shape[dim]`` of them), else all of it on every PE (replicated:
     redundant work, no communication)."""
-    pes = tuple(range(len(machine.pes)) if pes is None else pes)
+    pes = tuple((scoped_pes(machine) or range(len(machine.pes))) if pes is None else pes)
     if isinstance(placed, Shard):
         if shape:
             pes = pes[:max(1, min(len(pes), shape[placed.dim % len(shape)]))]

@@ -25,7 +25,7 @@ import torch
 from ..ops.gemm import gemm
 from .dispatch import Out, refuse, register, same_device, value_of
 from .kernels import Rows, kernel_dtype, on, timed, vector
-from .placement import Partial, Replicate, Shard, default_spec
+from .placement import Partial, Replicate, Shard, default_spec, scoped_pes
 from .sharding import flat, placement, settle_partial
 
 aten = torch.ops.aten
@@ -52,10 +52,12 @@ def rows(machine, m: int, n: int, k: int, dtype: str, slices: str | None = None,
 
 
 def timed_mm(machine, op: str, args, m: int, n: int, k: int, dtype: str, detail: str = ""):
-    """The GEMM of ``op`` over all PEs (automatic tiling and grid), as a ``Timed`` run."""
-    run = _gemm(machine, m, n, k, dtype)
+    """The GEMM of ``op`` over all PEs (the scope's, ``placement.SCOPE``, while one is set;
+    automatic tiling and grid), as a ``Timed`` run."""
+    pes = scoped_pes(machine)
+    run = _gemm(machine, m, n, k, dtype, None, pes)
     return timed(op, args, "gemm", run.result, 2 * m * n * k, detail or run.tiling.describe(),
-                 rows(machine, m, n, k, dtype))
+                 rows(machine, m, n, k, dtype, None, pes))
 
 
 def torch_check(func, args, kwargs) -> None:

@@ -8,6 +8,7 @@ shorter, as ``torch.chunk``), ``Replicate()`` (a full copy at every coordinate) 
 """
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from math import prod
 
@@ -92,13 +93,25 @@ def flat_mesh(mesh: Mesh) -> Mesh:
 SHARD_MIN_PER_PE = 1024
 
 
+#: The mesh that new tensors and unplaced kernels use while it is set (a pipeline stage's
+#: PEs, ``tensor.pipeline``), for its machine; None: every PE of the machine.
+SCOPE: ContextVar = ContextVar("kbtorch_scope", default=None)
+
+
+def scoped_pes(machine) -> tuple | None:
+    """The PEs of the scope (``SCOPE``) on ``machine``, or None (every PE)."""
+    scope = SCOPE.get()
+    return tuple(scope.pes) if scope is not None and scope.machine is machine else None
+
+
 def default_spec(machine, shape: tuple = ()) -> Spec:
-    """Where a new ahbm tensor goes: over a flat mesh of every PE of ``machine``, sharded
-    along its first dimension of at least that many rows if it is large (at least
-    ``SHARD_MIN_PER_PE`` elements per PE: weights, long activations), else replicated
-    (biases, norms' weights, a decode step's activations)."""
-    n = len(machine.pes)
-    mesh = Mesh(tuple(range(n)), (n,), machine)
+    """Where a new ahbm tensor goes: over a flat mesh of every PE of ``machine`` (of the
+    scope's PEs, ``SCOPE``, while one is set), sharded along its first dimension of at least
+    that many rows if it is large (at least ``SHARD_MIN_PER_PE`` elements per PE: weights,
+    long activations), else replicated (biases, norms' weights, a decode step's activations)."""
+    pes = scoped_pes(machine) or tuple(range(len(machine.pes)))
+    n = len(pes)
+    mesh = Mesh(pes, (n,), machine)
     d = first_split_dim(tuple(shape), n) if prod(shape) >= n * SHARD_MIN_PER_PE else None
     return Spec(mesh, (Shard(d),) if d is not None else (Replicate(),))
 

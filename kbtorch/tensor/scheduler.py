@@ -5,7 +5,8 @@ on the PEs its op chose (placement policy ``share``, see docs/model.md "Graph mo
 scheduler only joins them, in the graph's order, and chains them by semaphores on the PEs,
 in the SDLA style of Maia 200 (no host round trip between kernels):
 
-- each kernel's semaphores are renamed apart (``"<k>.<name>"``), so kernels never share one;
+- each kernel's semaphores and shared-read keys are renamed apart (``"<k>.<name>"``), so
+  kernels never share one;
 - on every PE, the last command of each engine a kernel uses raises ``"<k>.done"`` (a
   1-byte FETCH on that engine carries it when that command already raises two semaphores);
 - a kernel waits, on each PE, for each kernel it depends on: on the same PE through that
@@ -25,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..sim import symmetry
-from ..sim.commands import Fetch, Send, Signal, Wait
+from ..sim.commands import Composite, Fetch, Send, Signal, Wait
 from ..sim.simulator import Simulator
 
 COMPUTE = ("gemm", "math")
@@ -57,6 +58,11 @@ def _rename(cmd, prefix: str):
         kw["notify"] = tuple((pe, prefix + s) for pe, s in cmd.notify)
     if isinstance(cmd, Send):
         kw["sem"] = prefix + cmd.sem
+    if isinstance(cmd, Composite) and any(m.share for m in cmd.reads):
+        # NOTE: a gang's shared read is matched by its key: two kernels running at once on
+        # different PEs (expert GEMMs on their chips) must not join each other's tiles.
+        kw["reads"] = tuple(replace(m, share=replace(m.share, key=prefix + m.share.key)) if m.share else m
+                            for m in cmd.reads)
     return replace(cmd, **kw) if kw else cmd
 
 

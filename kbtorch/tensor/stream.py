@@ -35,6 +35,7 @@ class OpRecord:
     usage: tuple = ()
     timeline: dict | None = field(default=None, compare=False, repr=False)
     parts: tuple = field(default=(), compare=False, repr=False)     # a graph's kernels (start_ns: from its start)
+    track: str = ""         # the trace track of an op of a pipeline stage (``TRACK``); "": its kernel's
 
     @property
     def tflops(self) -> float:
@@ -49,6 +50,8 @@ class OpRecord:
 # context advances its own clock and never another's.
 _CLOCK_NS: ContextVar = ContextVar("kbtorch_clock_ns", default=0.0)
 _LISTENERS: ContextVar = ContextVar("kbtorch_profiles", default=())
+#: The trace track of the ops recorded while it is set (a pipeline stage, ``tensor.pipeline``).
+TRACK: ContextVar = ContextVar("kbtorch_track", default="")
 
 
 def clock_ns() -> float:
@@ -56,8 +59,15 @@ def clock_ns() -> float:
     return _CLOCK_NS.get()
 
 
+def set_clock_ns(ns: float) -> None:
+    """Move this context's clock (a pipeline stage's stream starting where that stage is
+    free, ``tensor.pipeline``)."""
+    _CLOCK_NS.set(ns)
+
+
 def record(name: str, shapes: tuple, kernel: str, latency_ns: float, **kw) -> OpRecord:
     """Put an op on this context's stream: it starts at the clock, which it advances."""
+    kw.setdefault("track", TRACK.get())
     rec = OpRecord(name, shapes, kernel, _CLOCK_NS.get(), latency_ns, **kw)
     _CLOCK_NS.set(rec.start_ns + latency_ns)
     for listener in _LISTENERS.get():
