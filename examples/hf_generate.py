@@ -4,7 +4,10 @@ The model is built from its config (``kbtorch/models/hf.py``: a preset, a config
 local snapshot folder; never a download): full-size ones on the meta device and run
 timing-only (no data, default), ``tiny`` ones (and any with ``--check``) with seeded random
 weights (``--check`` compares logits and greedy tokens with the same model on CPU). The
-weights are placed tensor-parallel over all PEs (``kbtorch.models.hf.place_tp``); the KV cache is
+weights are placed tensor-parallel (``kbtorch.models.hf.place_plan``, stated in the output: on one
+chip over all its PEs; on a system of chips (``--tp`` = the chip count, the default) on the
+mesh chips x PEs, across the chips and inside each, partial sums reduced inside each chip and
+then across chips); the KV cache is
 the one the model uses: ``DynamicCache`` (``--cache dynamic``, Hugging Face's default: each
 step concatenates the whole cache) or ``StaticCache`` (``--cache static``: preallocated, each
 step writes its new keys and values in place). ``--kernels fused`` (default) runs the RMSNorm
@@ -33,7 +36,7 @@ import torch
 import kbtorch
 from kbtorch import limits
 from kbtorch.cli import ArgumentParser, run_script
-from kbtorch.models.hf import CONFIGS, TINY_EXTRA, build, config, fuse_norms, place_tp
+from kbtorch.models.hf import CONFIGS, TINY_EXTRA, build, config, fuse_norms, place_plan
 from kbtorch.tensor.stream import clock_ns
 
 #: The tiny presets (seeded random weights: data by default); "tiny" is tiny-qwen2.
@@ -60,6 +63,8 @@ def parse(argv):
     ap.add_argument("--check", action="store_true", help="tiny models: logits and tokens against CPU")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--topology", metavar="NAME|PATH", help="the machine (default: $KBTORCH_TOPOLOGY or ahbm)")
+    ap.add_argument("--tp", type=int, metavar="N", help="tensor parallel across N chips and every PE of each "
+                    "(default: all the chips of a system; one chip: all its PEs)")
     args = ap.parse_args(argv)
     try:
         config(TINY.get(args.model, args.model))
@@ -69,8 +74,8 @@ def parse(argv):
         args.timing_only = not (args.model in TINY or args.check)
     if args.check and args.timing_only:
         ap.error("--check needs data (a tiny model without --timing-only)")
-    for name in ("prompt_len", "new_tokens", "batch"):
-        if getattr(args, name) < 1:
+    for name in ("prompt_len", "new_tokens", "batch", "tp"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"argument --{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
     return args
 
@@ -100,10 +105,11 @@ def bound(args) -> None:
 
 
 class StepClock:
-    """Simulated ns of each forward call of a model (a forward pre-hook and hook)."""
+    """Simulated ns of each forward call of a model (a forward pre-hook and hook), and the
+    parallel plan its weights were placed by (in words)."""
 
-    def __init__(self, model):
-        self.steps, self._start = [], 0.0
+    def __init__(self, model, plan: str = ""):
+        self.steps, self._start, self.plan = [], 0.0, plan
         model.register_forward_pre_hook(self._begin)
         model.register_forward_hook(self._end)
 
@@ -137,8 +143,8 @@ def run(args, graph: bool = False):
             expect = ref.generate(ids, attention_mask=mask, **gen)
     with data():
         model.to("ahbm")
-        place_tp(model)
-    clock = StepClock(model)
+        plan = place_plan(model, args.tp)
+    clock = StepClock(model, plan)
     if graph:
         kbtorch.graphed(model)
     with data(), torch.no_grad(), kbtorch.profile() as prof:
@@ -175,7 +181,7 @@ def report(args, prof, clock, out, expect, model, wall: float) -> dict:
                       "pct_hbm_roofline": 100 * moved / ns / peak})
     tpot = sum(decode) / len(decode) if decode else None
     total = sum(clock.steps)
-    rec = {"model": args.model, "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+    rec = {"model": args.model, "plan": clock.plan, "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
            "cache": args.cache, "kernels": args.kernels, "timing_only": args.timing_only, "ttft_ns": prefill,
            "tpot_ns": tpot, "decode_steps": steps,
            "tokens_per_s": args.batch * args.new_tokens * 1e9 / total if total else None,
@@ -237,6 +243,7 @@ def main(argv=None) -> int:
     print(f"\n{args.model}, batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
           f"{args.cache} cache, {args.kernels} norms ({'timing only' if args.timing_only else 'with data'}, "
           f"{rec['wall_s']:.1f} s wall)")
+    print(f"plan on {kbtorch.current_machine().name}: {rec['plan']}")
     print(f"time to first token (prefill): {rec['ttft_ns'] / 1e3:.1f} us")
     for s in rec["decode_steps"]:
         print(f"  decode step, context {s['context']}: {s['ns'] / 1e3:.1f} us, "

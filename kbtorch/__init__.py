@@ -7,6 +7,8 @@ from .profiler import profile
 from .tensor.device import register as _register
 from .tensor.graph import Graph as graph, graphed
 from . import compile as _compile
+from .tensor.mesh import init_device_mesh
+from .tensor.parallel import ColwiseParallel, ReplicateParallel, RowwiseParallel, parallelize_module, tp_plan
 from .tensor.placement import Mesh, Partial, Replicate, Shard, default_spec
 from .tensor.tensor import distribute_tensor, timing_only
 from .topology import current_machine, use
@@ -14,5 +16,6 @@ from .topology import current_machine, use
 _register()
 _compile.listen_for_breaks()
 
-__all__ = ["graph", "graphed", "Mesh", "Partial", "Replicate", "Shard", "current_machine", "default_spec",
-           "distribute_tensor", "profile", "timing_only", "use"]
+__all__ = ["graph", "graphed", "ColwiseParallel", "Mesh", "Partial", "Replicate", "ReplicateParallel",
+           "RowwiseParallel", "Shard", "current_machine", "default_spec", "distribute_tensor", "init_device_mesh",
+           "parallelize_module", "profile", "timing_only", "tp_plan", "use"]

@@ -146,6 +146,33 @@ def place_tp(model):
     return model
 
 
+def place_plan(model, tp: int | None = None) -> str:
+    """Place ``model`` (on ahbm) by the plan of the current machine; -> the plan in words.
+
+    On one chip (``tp`` None or 1): ``place_tp``, tensor parallel over all its PEs. On a
+    system of chips (default ``tp``: every chip): the mesh (chips x PEs per chip,
+    ``kbtorch.init_device_mesh``) and ``kbtorch.tp_plan`` along both dimensions: tensor
+    parallel across the chips and inside each, so that each row-parallel layer's partial sums
+    are reduced inside each chip, then across chips on the system's network. A ``tp`` that
+    is not the chip count is refused (replicas or pipeline stages on the other chips are
+    other plans)."""
+    import kbtorch
+    machine = kbtorch.current_machine()
+    chips, n = machine.chips, len(machine.pes)
+    tp = chips if tp is None else tp
+    if tp != chips:
+        raise ValueError(f"argument --tp {tp}: topology '{machine.name}' has {chips} chip{'s' if chips > 1 else ''}; "
+                         f"tensor parallelism spans every chip (--tp {chips})")
+    if chips == 1:
+        place_tp(model)
+        return f"tensor parallel over the {n} PEs of one chip (1-D mesh): q/k/v/gate/up column-, o/down row-parallel"
+    mesh = kbtorch.init_device_mesh()
+    kbtorch.parallelize_module(model, mesh, kbtorch.tp_plan(model, mesh))
+    return (f"tensor parallel {chips} chips x {n // chips} PEs (mesh {mesh.shape}, dims {mesh.names}, TP {tp}): "
+            f"q/k/v/gate/up/lm_head column-, o/down row-parallel, embedding vocab-parallel, norms replicated, "
+            f"other layers by default")
+
+
 def _fused_rms_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
     """``torch.nn.functional.rms_norm``: the norm in fp32, cast back, times the weight: the
     same arithmetic as the Hugging Face layers' forward, in one op."""
