@@ -3,7 +3,8 @@
 ``redistribute(x, placements)`` changes the placement mesh dimension by mesh dimension and
 runs the collective that change needs on the PEs of every line of that dimension at once,
 recording it on the stream (one line: the algorithm with the least estimate; several:
-rings side by side: ``kbtorch.ops.collective_concurrent.on_groups``; cached per shape):
+side by side, each with the best line algorithm: ``kbtorch.ops.collective_concurrent.on_groups``;
+cached per shape):
 
 - ``Shard(d) -> Replicate()``: all-gather; ``Partial() -> Replicate()``: all-reduce;
   ``Partial() -> Shard(d)``: reduce-scatter, each of the tensor's full size per member;
