@@ -64,7 +64,9 @@ def parse(argv):
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--topology", metavar="NAME|PATH", help="the machine (default: $KBTORCH_TOPOLOGY or ahbm)")
     ap.add_argument("--tp", type=int, metavar="N", help="tensor parallel across N chips and every PE of each "
-                    "(default: all the chips of a system; one chip: all its PEs)")
+                    "(default: all the chips of a system over --dp; one chip: all its PEs)")
+    ap.add_argument("--dp", type=int, metavar="N", default=1, help="data parallel: N replicas of the model, each "
+                    "on chips/N chips with batch/N rows (a system of chips; default 1)")
     args = ap.parse_args(argv)
     try:
         config(TINY.get(args.model, args.model))
@@ -74,7 +76,9 @@ def parse(argv):
         args.timing_only = not (args.model in TINY or args.check)
     if args.check and args.timing_only:
         ap.error("--check needs data (a tiny model without --timing-only)")
-    for name in ("prompt_len", "new_tokens", "batch", "tp"):
+    if args.dp and args.batch % args.dp:
+        ap.error(f"argument --dp {args.dp}: the batch of {args.batch} does not split into {args.dp} replicas")
+    for name in ("prompt_len", "new_tokens", "batch", "tp", "dp"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"argument --{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
     return args
@@ -106,10 +110,10 @@ def bound(args) -> None:
 
 class StepClock:
     """Simulated ns of each forward call of a model (a forward pre-hook and hook), and the
-    parallel plan its weights were placed by (in words)."""
+    parallel plan its weights were placed by (in words) and the replica's mesh (None: all PEs)."""
 
-    def __init__(self, model, plan: str = ""):
-        self.steps, self._start, self.plan = [], 0.0, plan
+    def __init__(self, model, plan: str = "", where=None):
+        self.steps, self._start, self.plan, self.where = [], 0.0, plan, where
         model.register_forward_pre_hook(self._begin)
         model.register_forward_hook(self._end)
 
@@ -132,6 +136,8 @@ def run(args, graph: bool = False):
     mask = torch.ones_like(ids)
     for row in range(1, args.batch, 2):
         mask[row, :min(row, args.prompt_len - 1)] = 0          # left padding on every other row
+    # NOTE: with --dp, replica 0 is simulated with its rows (the others: the same on their own chips).
+    ids, mask = ids[:args.batch // args.dp], mask[:args.batch // args.dp]
     gen = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
     if args.cache == "static":
         gen["cache_implementation"] = "static"
@@ -142,12 +148,11 @@ def run(args, graph: bool = False):
         with torch.no_grad():
             expect = ref.generate(ids, attention_mask=mask, **gen)
     with data():
-        model.to("ahbm")
-        plan = place_plan(model, args.tp)
-    clock = StepClock(model, plan)
+        plan, where = place_plan(model, args.tp, args.dp)
+    clock = StepClock(model, plan, where)
     if graph:
         kbtorch.graphed(model)
-    with data(), torch.no_grad(), kbtorch.profile() as prof:
+    with data(), torch.no_grad(), kbtorch.profile() as prof, kbtorch.home(where) if where else nullcontext():
         out = model.generate(ids.to("ahbm"), attention_mask=mask.to("ahbm"), **gen)
     return prof, clock, out, expect, model
 
@@ -172,16 +177,16 @@ def step_bytes(model, batch: int, context: int) -> int:
 
 def report(args, prof, clock, out, expect, model, wall: float) -> dict:
     machine = kbtorch.current_machine()
-    peak = machine.hbm_gbps(range(len(machine.pes)))
+    peak = machine.hbm_gbps(clock.where.pes if clock.where else range(len(machine.pes)))
     prefill, decode = clock.steps[0], clock.steps[1:]
     steps = []
     for i, ns in enumerate(decode):
-        moved = step_bytes(model, args.batch, args.prompt_len + i + 1)
+        moved = step_bytes(model, args.batch // args.dp, args.prompt_len + i + 1)
         steps.append({"context": args.prompt_len + i + 1, "ns": ns, "hbm_bytes": moved,
                       "pct_hbm_roofline": 100 * moved / ns / peak})
     tpot = sum(decode) / len(decode) if decode else None
     total = sum(clock.steps)
-    rec = {"model": args.model, "plan": clock.plan, "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+    rec = {"model": args.model, "plan": clock.plan, "dp": args.dp, "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
            "cache": args.cache, "kernels": args.kernels, "timing_only": args.timing_only, "ttft_ns": prefill,
            "tpot_ns": tpot, "decode_steps": steps,
            "tokens_per_s": args.batch * args.new_tokens * 1e9 / total if total else None,

@@ -7,9 +7,9 @@ from .profiler import profile
 from .tensor.device import register as _register
 from .tensor.graph import Graph as graph, graphed
 from . import compile as _compile
-from .tensor.mesh import init_device_mesh
+from .tensor.mesh import init_device_mesh, replica
 from .tensor.parallel import ColwiseParallel, ReplicateParallel, RowwiseParallel, parallelize_module, tp_plan
-from .tensor.placement import Mesh, Partial, Replicate, Shard, default_spec
+from .tensor.placement import Mesh, Partial, Replicate, Shard, default_spec, home
 from .tensor.tensor import distribute_tensor, timing_only
 from .topology import current_machine, use
 
@@ -17,5 +17,5 @@ _register()
 _compile.listen_for_breaks()
 
 __all__ = ["graph", "graphed", "ColwiseParallel", "Mesh", "Partial", "Replicate", "ReplicateParallel",
-           "RowwiseParallel", "Shard", "current_machine", "default_spec", "distribute_tensor", "init_device_mesh",
-           "parallelize_module", "profile", "timing_only", "tp_plan", "use"]
+           "RowwiseParallel", "Shard", "current_machine", "default_spec", "distribute_tensor", "home",
+           "init_device_mesh", "parallelize_module", "profile", "replica", "timing_only", "tp_plan", "use"]

@@ -130,3 +130,27 @@ def test_uniform_placements_keep_the_mesh_through_elementwise_ops(system):
     assert y.placements == (Shard(1), Shard(1)) and y._spec.mesh == mesh
     assert not [r for r in prof.records if r.name.startswith("redistribute")]
     assert torch.allclose(y.cpu(), torch.nn.functional.silu(t) * 2)
+
+
+def test_a_replica_is_the_mesh_at_one_coordinate(system):
+    mesh = init_device_mesh((2, 2, 4), ("dp", "chip", "pe"), machine=system)
+    one = kbtorch.replica(mesh, "dp", 1)
+    assert one.pes == tuple(range(8, 16)) and one.shape == (2, 4) and one.names == ("chip", "pe")
+    assert kbtorch.replica(mesh, "pe", 0).pes == tuple(range(0, 16, 4))
+    with pytest.raises(ValueError, match="coordinates 0..1"):
+        kbtorch.replica(mesh, "dp", 2)
+
+
+def test_home_puts_new_tensors_and_unplaced_kernels_on_its_pes(system):
+    one = kbtorch.replica(init_device_mesh((2, 2, 4), ("dp", "chip", "pe"), machine=system), "dp")
+    a, b = torch.randn(32, 64), torch.randn(64, 48)
+    with kbtorch.use(system), kbtorch.home(one):
+        x, w = a.to("ahbm"), b.to("ahbm")
+        with kbtorch.profile() as prof:
+            y = torch.relu(x @ w)
+    assert x._spec.mesh.pes == y._spec.mesh.pes == one.pes and torch.allclose(y.cpu(), torch.relu(a @ b), atol=1e-5)
+    with kbtorch.use(system):
+        with kbtorch.profile() as everywhere:
+            torch.relu(a.to("ahbm") @ b.to("ahbm"))
+    assert [r.name for r in prof.records] == [r.name for r in everywhere.records]
+    assert prof.records[0].latency_ns != everywhere.records[0].latency_ns

@@ -125,14 +125,13 @@ def test_tiny_llama_tensor_parallel_over_two_chips_equals_cpu(two_chips):
     model, ref = build("tiny-llama")
     ids = torch.randint(2, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(1))
     with kbtorch.use(two_chips):
-        model.to("ahbm")
-        plan = place_plan(model)
-        assert "2 chips x 4 PEs" in plan and "TP 2" in plan
+        plan, where = place_plan(model)
+        assert "2 chips x 4 PEs" in plan and "TP 2" in plan and where is None
         assert model.model.layers[0].mlp.down_proj.weight.placements == (Shard(1), Shard(1))
         with torch.no_grad(), kbtorch.profile() as prof:
             logits = model(ids.to("ahbm")).logits
             out = model.generate(ids.to("ahbm"), max_new_tokens=3, do_sample=False)
-        with pytest.raises(ValueError, match="--tp 4: topology 'tiny_system' has 2 chips"):
+        with pytest.raises(ValueError, match="--tp 4 x --dp 1: topology .tiny_system. has 2 chips"):
             place_plan(model, 4)
     with torch.no_grad():
         expect, tokens = ref(ids).logits, ref.generate(ids, max_new_tokens=3, do_sample=False)
@@ -140,3 +139,24 @@ def test_tiny_llama_tensor_parallel_over_two_chips_equals_cpu(two_chips):
     kinds = {(r.kernel.split()[0], r.detail.split("'")[1]) for r in prof.records if r.name.startswith("redistribute")}
     assert ("all_reduce", "chip") in kinds and ("reduce_scatter", "pe") in kinds
     assert all(isinstance(p, (Shard, Replicate, Partial)) for p in logits.placements)
+
+
+def test_hf_generate_data_parallel_replicas_on_a_system(capsys):
+    """--dp 2 on 4 tiny chips: TP over the 2 chips of replica 0 with half the batch; tokens
+    equal CPU; tokens/s counts both replicas."""
+    pytest.importorskip("transformers")
+    import json
+    import sys
+    sys.path.insert(0, str(DATA.parents[1] / "examples"))
+    import hf_generate
+    args = ["--model", "tiny-llama", "--topology", str(DATA / "tiny_system.toml"), "--check", "--prompt-len", "6",
+            "--new-tokens", "2", "--batch", "4", "--json"]
+    assert hf_generate.main(args + ["--dp", "2"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["tokens_match_cpu"] and rec["dp"] == 2 and "data parallel 2 replicas" in rec["plan"]
+    assert "TP 2" in rec["plan"] and rec["decode_tokens_per_s"] == pytest.approx(4e9 / rec["tpot_ns"])
+    from kbtorch.cli import UsageError
+    with pytest.raises(UsageError, match="the batch of 4 does not split into 3 replicas"):
+        hf_generate.main(args + ["--dp", "3"])
+    with pytest.raises(ValueError, match=r"--tp 4 x --dp 2: topology 'tiny_system' has 4 chips"):
+        hf_generate.main(args + ["--dp", "2", "--tp", "4"])

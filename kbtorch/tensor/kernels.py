@@ -12,7 +12,7 @@ import torch
 
 from ..ops.contract import dtype_of
 from ..ops.elementwise import elementwise
-from .placement import Shard, Spec
+from .placement import Shard, Spec, home_pes
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def vector(machine, op: str, numel: int, *, placed=None, pes=None, shape=None, i
     PEs ``pes`` (default: all): split over the PEs that hold a part when ``placed`` is a
     ``Shard`` (at most ``shape[dim]`` of them), else all of it on every PE (replicated:
     redundant work, no communication)."""
-    pes = tuple(range(len(machine.pes)) if pes is None else pes)
+    pes = tuple((home_pes(machine) or range(len(machine.pes))) if pes is None else pes)
     if isinstance(placed, Shard):
         if shape:
             pes = pes[:max(1, min(len(pes), shape[placed.dim % len(shape)]))]

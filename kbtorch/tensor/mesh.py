@@ -49,3 +49,16 @@ def chip_lines(mesh: Mesh, dim) -> bool:
     stride = prod(mesh.shape[d + 1:])
     return mesh.shape[d] > 1 and any(machine.chip_of(mesh.pes[i]) != machine.chip_of(mesh.pes[i + stride])
                                      for i in range(len(mesh.pes) - stride) if (i // stride) % mesh.shape[d] == 0)
+
+
+def replica(mesh: Mesh, dim, index: int = 0) -> Mesh:
+    """The mesh of the PEs at coordinate ``index`` of dimension ``dim`` (an index or a name):
+    one data-parallel replica of a ``(dp, chip, pe)`` mesh, its other dimensions kept."""
+    d = mesh.dim_index(dim)
+    if not 0 <= index < mesh.shape[d]:
+        raise ValueError(f"replica {index} of mesh dimension {dim!r}: it has coordinates 0..{mesh.shape[d] - 1}")
+    stride = prod(mesh.shape[d + 1:])
+    pes = tuple(p for i, p in enumerate(mesh.pes) if (i // stride) % mesh.shape[d] == index)
+    keep = tuple(e for e in range(mesh.ndim) if e != d) or (d,)
+    names = None if mesh.names is None else tuple(mesh.names[e] for e in keep)
+    return Mesh(pes, tuple(mesh.shape[e] if e != d else 1 for e in keep), mesh.machine, names)

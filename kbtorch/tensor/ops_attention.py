@@ -26,14 +26,19 @@ from ..ops.attention import attention
 from .dispatch import Out, host_call, register, same_device, value_of
 from .kernels import kernel_dtype, mesh_pes, timed, vector
 from .ops_matmul import timed_mm
-from .placement import Shard
+from .placement import Shard, home_pes
 
 NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
-@lru_cache(maxsize=128)
 def _fused(machine, shape: tuple, causal: bool, scale, dtype: str):
-    return attention(shape=shape, is_causal=causal, scale=scale, dtype=dtype, machine=machine)
+    return _attention(machine, shape, causal, scale, dtype, home_pes(machine))
+
+
+@lru_cache(maxsize=128)
+def _attention(machine, shape: tuple, causal: bool, scale, dtype: str, pes):
+    return attention(shape=shape, is_causal=causal, scale=scale, dtype=dtype, machine=machine,
+                     pes=None if pes is None else list(pes))
 
 
 @register(torch.ops.aten.scaled_dot_product_attention)

@@ -8,6 +8,8 @@ shorter, as ``torch.chunk``), ``Replicate()`` (a full copy at every coordinate) 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from math import prod
 
@@ -176,13 +178,35 @@ def flat_mesh(mesh: Mesh) -> Mesh:
 SHARD_MIN_PER_PE = 1024
 
 
+_HOME: ContextVar = ContextVar("kbtorch_home_pes", default=None)
+
+
+@contextmanager
+def home(mesh: Mesh):
+    """Inside this block (this thread or task), new ahbm tensors of ``mesh``'s machine go on
+    ``mesh``'s PEs (``default_spec``) and ops without a placement rule run their kernels there
+    (``home_pes``): a model on a part of the machine, e.g. one data-parallel replica."""
+    token = _HOME.set(mesh)
+    try:
+        yield mesh
+    finally:
+        _HOME.reset(token)
+
+
+def home_pes(machine) -> tuple | None:
+    """The PEs of the ``home`` block in force for ``machine`` (None: all of its PEs)."""
+    mesh = _HOME.get()
+    return mesh.pes if mesh is not None and mesh.machine is machine else None
+
+
 def default_spec(machine, shape: tuple = ()) -> Spec:
-    """Where a new ahbm tensor goes: over a flat mesh of every PE of ``machine``, sharded
-    along its first dimension of at least that many rows if it is large (at least
-    ``SHARD_MIN_PER_PE`` elements per PE: weights, long activations), else replicated
-    (biases, norms' weights, a decode step's activations)."""
-    n = len(machine.pes)
-    mesh = Mesh(tuple(range(n)), (n,), machine)
+    """Where a new ahbm tensor goes: over a flat mesh of every PE of ``machine`` (or of the
+    ``home`` block's), sharded along its first dimension of at least that many rows if it is
+    large (at least ``SHARD_MIN_PER_PE`` elements per PE: weights, long activations), else
+    replicated (biases, norms' weights, a decode step's activations)."""
+    pes = home_pes(machine) or tuple(range(len(machine.pes)))
+    n = len(pes)
+    mesh = Mesh(pes, (n,), machine)
     d = first_split_dim(tuple(shape), n) if prod(shape) >= n * SHARD_MIN_PER_PE else None
     return Spec(mesh, (Shard(d),) if d is not None else (Replicate(),))
 
