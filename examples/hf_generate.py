@@ -186,11 +186,14 @@ def report(args, prof, clock, out, expect, model, wall: float) -> dict:
                       "pct_hbm_roofline": 100 * moved / ns / peak})
     tpot = sum(decode) / len(decode) if decode else None
     total = sum(clock.steps)
+    recorded = sum(r.latency_ns for r in prof.records)
+    moved = sum(r.latency_ns for r in prof.records if r.name.startswith("redistribute"))
     rec = {"model": args.model, "plan": clock.plan, "dp": args.dp, "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
            "cache": args.cache, "kernels": args.kernels, "timing_only": args.timing_only, "ttft_ns": prefill,
            "tpot_ns": tpot, "decode_steps": steps,
            "tokens_per_s": args.batch * args.new_tokens * 1e9 / total if total else None,
            "decode_tokens_per_s": args.batch * 1e9 / tpot if tpot else None, "total_ns": total,
+           "collective_share": moved / recorded if recorded else 0.0,
            "ops": [{"name": r.name, "latency_ns": r.latency_ns, "bottleneck": r.bottleneck}
                    for r in sorted(prof.records, key=lambda r: -r.latency_ns)[:20]]}
     if expect is not None:
@@ -253,6 +256,7 @@ def main(argv=None) -> int:
     for s in rec["decode_steps"]:
         print(f"  decode step, context {s['context']}: {s['ns'] / 1e3:.1f} us, "
               f"{s['pct_hbm_roofline']:.1f}% of the HBM roofline")
+    print(f"collectives (redistributions): {100 * rec['collective_share']:.1f}% of the recorded kernel time")
     if rec["tpot_ns"]:
         print(f"time per output token: {rec['tpot_ns'] / 1e3:.1f} us = {rec['decode_tokens_per_s']:.0f} tokens/s "
               f"(batch {args.batch}); {rec['tokens_per_s']:.0f} tokens/s over the whole generate()")

@@ -173,6 +173,8 @@ def test_every_module_has_a_layer():
     assert _layer("kbtorch") == (8, "api") and _layer("kbtorch.cli_gemm") == (10, "cli")
     assert _layer("kbtorch.models.qwen2") == _layer("models.hf") == (9, "models")
     assert _layer("kbtorch.tensor.ops_matmul") == _layer("kbtorch.compile") == (6, "tensor")
+    assert _layer("kbtorch.tensor.mesh") == _layer("kbtorch.tensor.parallel") == _layer(
+        "kbtorch.tensor.ops_matmul_mesh") == (6, "tensor")
     assert _layer("kbtorch.units") == _layer("kbtorch.limits") == (0, "base")
     assert _layer("kbtorch.nowhere") is None
 
