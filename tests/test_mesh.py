@@ -154,3 +154,19 @@ def test_home_puts_new_tensors_and_unplaced_kernels_on_its_pes(system):
             torch.relu(a.to("ahbm") @ b.to("ahbm"))
     assert [r.name for r in prof.records] == [r.name for r in everywhere.records]
     assert prof.records[0].latency_ns != everywhere.records[0].latency_ns
+
+
+def test_reductions_over_a_2d_sharded_dimension_move_only_their_parts(system):
+    """Greedy argmax over vocabulary-sharded logits (both dimensions) gathers each PE's
+    winners, not the logits; a sum over it is Partial along both dimensions."""
+    mesh = init_device_mesh(machine=system)
+    t = torch.randn(4, 4096)
+    x = distribute_tensor(t, mesh, [Shard(1), Shard(1)])
+    with kbtorch.profile() as prof:
+        picks = torch.argmax(x, dim=-1)
+    assert torch.equal(picks.cpu(), torch.argmax(t, dim=-1))
+    moved = [r for r in prof.records if r.name.startswith("redistribute")]
+    assert {r.detail.split("'")[1] for r in moved} == {"chip", "pe"}
+    assert sum(r.bytes for r in moved) < t.numel() * 4 / 4
+    total = x.sum(dim=-1)
+    assert total.placements == (Partial(), Partial()) and torch.allclose(total.cpu(), t.sum(dim=-1), atol=1e-3)

@@ -94,14 +94,15 @@ def elementwise_inputs(tensors: list, out_shape: tuple) -> tuple[list, object]:
 
 
 def reduces_shard(x, dims: tuple) -> bool:
-    """Whether ``x`` (on a 1-D mesh) is sharded on one of the reduced ``dims``: then a sum or
+    """Whether ``x`` (on a 1-D mesh, or the same along every mesh dimension) is sharded on
+    one of the reduced ``dims``: then a sum or
     mean runs on each PE's part into a ``Partial()`` result, a norm all-reduces its rows'
     statistics and a max/argmax gathers each PE's winners (``ops_reduce``).
 
     NOTE: those reductions decompose over the parts (a sum is linear), so the whole input
     is never gathered first: an RMSNorm of a hidden-sharded activation moves a few values
     per row, as a tensor-parallel norm does."""
-    d = shard_dim(x) if len(x._spec.placements) == 1 else None
+    d = shard_dim(x)
     return d is not None and d in {e % x.dim() for e in dims}
 
 
