@@ -12,7 +12,7 @@ import torch
 
 from ..ops.contract import dtype_of
 from ..ops.elementwise import elementwise
-from .placement import Shard, Spec, home_pes
+from .placement import Shard, Spec, scoped_pes
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,10 @@ def timed(name: str, args, kernel: str, result, flops: int, detail: str = "") ->
 def vector(machine, op: str, numel: int, *, placed=None, pes=None, shape=None, inputs: int = 2, dtype: str = "f16",
            elem_bytes: int = 2, flops_per_element: int | None = None, out_ratio: float = 1.0):
     """The vector MATH kernel (``ops.elementwise``) for a result of ``numel`` elements on the
-    PEs ``pes`` (default: all): split over the PEs that hold a part when ``placed`` is a
+    PEs ``pes`` (default: all, or the scope's: ``placement.SCOPE``): split over the PEs that hold a part when ``placed`` is a
     ``Shard`` (at most ``shape[dim]`` of them), else all of it on every PE (replicated:
     redundant work, no communication)."""
-    pes = tuple((home_pes(machine) or range(len(machine.pes))) if pes is None else pes)
+    pes = tuple((scoped_pes(machine) or range(len(machine.pes))) if pes is None else pes)
     if isinstance(placed, Shard):
         if shape:
             pes = pes[:max(1, min(len(pes), shape[placed.dim % len(shape)]))]

@@ -26,19 +26,15 @@ from ..ops.attention import attention
 from .dispatch import Out, host_call, register, same_device, value_of
 from .kernels import kernel_dtype, mesh_pes, timed, vector
 from .ops_matmul import timed_mm
-from .placement import Shard, home_pes
+from .placement import Shard, scoped_pes
 
 NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
-def _fused(machine, shape: tuple, causal: bool, scale, dtype: str):
-    return _attention(machine, shape, causal, scale, dtype, home_pes(machine))
-
-
 @lru_cache(maxsize=128)
-def _attention(machine, shape: tuple, causal: bool, scale, dtype: str, pes):
+def _fused(machine, shape: tuple, causal: bool, scale, dtype: str, pes: tuple | None = None):
     return attention(shape=shape, is_causal=causal, scale=scale, dtype=dtype, machine=machine,
-                     pes=None if pes is None else list(pes))
+                     pes=list(pes) if pes else None)
 
 
 @register(torch.ops.aten.scaled_dot_product_attention)
@@ -55,7 +51,7 @@ def sdpa(func, args, kwargs, machine):
     lead = (1,) if q.dim() == 3 else tuple(q.shape[:1])
     shape = (*lead, q.shape[-3], k.shape[-3], q.shape[-2], k.shape[-2], q.shape[-1])
     try:
-        run = _fused(machine, shape, bool(call.get("is_causal", False)), call.get("scale"), dtype)
+        run = _fused(machine, shape, bool(call.get("is_causal", False)), call.get("scale"), dtype, scoped_pes(machine))
     except ValueError:
         return Out(out, runs=_fallback(machine, q, k, v, dtype, eb))
     runs = (timed("aten::scaled_dot_product_attention", (q, k, v), f"attention {run.kind}", run.result, run.flops,

@@ -26,7 +26,7 @@ from ..ops.gemm import gemm
 from .dispatch import Out, refuse, register, same_device, value_of
 from .kernels import kernel_dtype, on, timed, vector
 from .ops_matmul_mesh import mesh_matmul
-from .placement import Partial, Replicate, Shard, Spec, default_spec, home_pes
+from .placement import Partial, Replicate, Shard, Spec, default_spec, scoped_pes
 from .sharding import flat, placement, settle_partial, to_all
 
 aten = torch.ops.aten
@@ -44,8 +44,9 @@ def _gemm(machine, m: int, n: int, k: int, dtype: str, slices: str | None = None
 
 
 def timed_mm(machine, op: str, args, m: int, n: int, k: int, dtype: str, detail: str = ""):
-    """The GEMM of ``op`` over all PEs (automatic tiling and grid), as a ``Timed`` run."""
-    run = _gemm(machine, m, n, k, dtype, None, home_pes(machine))
+    """The GEMM of ``op`` over all PEs (the scope's, ``placement.SCOPE``, while one is set;
+    automatic tiling and grid), as a ``Timed`` run."""
+    run = _gemm(machine, m, n, k, dtype, None, scoped_pes(machine))
     return timed(op, args, "gemm", run.result, 2 * m * n * k, detail or run.tiling.describe())
 
 

@@ -178,33 +178,36 @@ def flat_mesh(mesh: Mesh) -> Mesh:
 SHARD_MIN_PER_PE = 1024
 
 
-_HOME: ContextVar = ContextVar("kbtorch_home_pes", default=None)
+#: The mesh that new tensors and unplaced kernels use while it is set (a pipeline stage's
+#: PEs, ``tensor.pipeline``; a data-parallel replica, ``home``), for its machine; None: every
+#: PE of the machine.
+SCOPE: ContextVar = ContextVar("kbtorch_scope", default=None)
+
+
+def scoped_pes(machine) -> tuple | None:
+    """The PEs of the scope (``SCOPE``) on ``machine``, or None (every PE)."""
+    scope = SCOPE.get()
+    return tuple(scope.pes) if scope is not None and scope.machine is machine else None
 
 
 @contextmanager
 def home(mesh: Mesh):
     """Inside this block (this thread or task), new ahbm tensors of ``mesh``'s machine go on
     ``mesh``'s PEs (``default_spec``) and ops without a placement rule run their kernels there
-    (``home_pes``): a model on a part of the machine, e.g. one data-parallel replica."""
-    token = _HOME.set(mesh)
+    (``SCOPE``): a model on a part of the machine, e.g. one data-parallel replica."""
+    token = SCOPE.set(mesh)
     try:
         yield mesh
     finally:
-        _HOME.reset(token)
-
-
-def home_pes(machine) -> tuple | None:
-    """The PEs of the ``home`` block in force for ``machine`` (None: all of its PEs)."""
-    mesh = _HOME.get()
-    return mesh.pes if mesh is not None and mesh.machine is machine else None
+        SCOPE.reset(token)
 
 
 def default_spec(machine, shape: tuple = ()) -> Spec:
-    """Where a new ahbm tensor goes: over a flat mesh of every PE of ``machine`` (or of the
-    ``home`` block's), sharded along its first dimension of at least that many rows if it is
-    large (at least ``SHARD_MIN_PER_PE`` elements per PE: weights, long activations), else
-    replicated (biases, norms' weights, a decode step's activations)."""
-    pes = home_pes(machine) or tuple(range(len(machine.pes)))
+    """Where a new ahbm tensor goes: over a flat mesh of every PE of ``machine`` (of the
+    scope's PEs, ``SCOPE``, while one is set), sharded along its first dimension of at least
+    that many rows if it is large (at least ``SHARD_MIN_PER_PE`` elements per PE: weights,
+    long activations), else replicated (biases, norms' weights, a decode step's activations)."""
+    pes = scoped_pes(machine) or tuple(range(len(machine.pes)))
     n = len(pes)
     mesh = Mesh(pes, (n,), machine)
     d = first_split_dim(tuple(shape), n) if prod(shape) >= n * SHARD_MIN_PER_PE else None
