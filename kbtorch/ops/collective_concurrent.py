@@ -4,7 +4,8 @@ redistributions over every line of a mesh), sharing links, HBM controllers and r
 from __future__ import annotations
 
 from ..kernel import run_programs
-from .collective import collective, estimates, padded_bytes
+from . import collective_model as model
+from .collective import _mode, collective, estimates, padded_bytes
 from .collective_group import make_grid, resolve_group
 from .collective_kernel import CollectiveKernel
 from .collective_plan import CollectiveError, schedule
@@ -24,7 +25,8 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast") -> tuple:
     """Run several collectives at the same time on one simulator; -> (RunResult, each one's PEs).
 
     ``specs``: dicts with ``kind``, ``group``, ``nbytes`` and optionally ``algo`` (not
-    ``auto``), ``op``, ``dtype``, ``packet_bytes``. The groups must not share a PE (each
+    ``auto``), ``op``, ``dtype``, ``packet_bytes``. ``mode="auto"``: coarse when all of them
+    together are past one collective's thresholds (``collective._mode``), else fast. The groups must not share a PE (each
     PE's semaphores and buffers belong to one collective); they may share links, HBM
     controllers and routers, and then share their bandwidth."""
     machine = as_machine(machine)
@@ -47,6 +49,11 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast") -> tuple:
                                   spec.get("packet_bytes"))
         programs.update(kernel.programs())
         groups.append(pes)
+    if mode == "auto":
+        # NOTE: as one collective's ``mode="auto"`` (``collective._mode``), over all the groups'
+        # bytes, commands and link crossings together.
+        nbytes = sum(s["nbytes"] * len(g) for s, g in zip(specs, groups))
+        mode = _mode("auto", machine, nbytes, [0], programs, model.resource_ps(machine, programs))
     return run_programs(programs, machine, mode=mode), groups
 
 
@@ -73,7 +80,7 @@ def on_groups_run(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", m
         return run.latency_ns, run.algo, run.result
     algo = line_algo(kind, groups[0], nbytes, dtype, as_machine(machine))
     specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo=algo) for g in groups]
-    result, members = concurrent_run(specs, machine=machine)
+    result, members = concurrent_run(specs, machine=machine, mode="auto")
     return max(max(result.pe_finish_ps.get(pe, 0) for pe in pes) for pes in members) / 1000, algo, result
 
 
