@@ -89,10 +89,14 @@ def decode_point(name: str = "llama3-70b", topology: str = "maia200_x8", tp: int
     head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     with kbtorch.use(topology) as machine, kbtorch.timing_only(), torch.no_grad():
         plan, _ = place_plan(model, tp)
+        # NOTE: placed as the k/v projections leave them (column-parallel: sharded on the heads
+        # along both mesh dimensions), as a prefill would have written the cache.
+        mesh = kbtorch.init_device_mesh()
         cache = transformers.DynamicCache(config=cfg)
         for layer in range(cfg.num_hidden_layers):
-            kv = [torch.empty(batch, cfg.num_key_value_heads, context - 1, head, dtype=torch.bfloat16, device="ahbm")
-                  for _ in range(2)]
+            kv = [kbtorch.distribute_tensor(torch.empty(batch, cfg.num_key_value_heads, context - 1, head,
+                                                        dtype=torch.bfloat16, device="ahbm"),
+                                            mesh, [kbtorch.Shard(1)] * 2) for _ in range(2)]
             cache.update(*kv, layer)
         ids = torch.randint(2, cfg.vocab_size, (batch, 1)).to("ahbm")
         with kbtorch.profile() as prof:
