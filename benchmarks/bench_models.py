@@ -105,7 +105,11 @@ def decode_point(name: str = "llama3-70b", topology: str = "maia200_x8", tp: int
         moved = sum(r.latency_ns for r in prof.records if r.name.startswith("redistribute"))
         peak = machine.hbm_gbps(range(len(machine.pes)))
     nbytes = step_bytes(model, batch, context)
+    top = {}
+    for r in prof.records:
+        top[r.name] = top.get(r.name, 0.0) + r.latency_ns
     return dict(model=name, topology=topology, plan=plan, batch=batch, context=context, ns=ns,
+                top={k: round(v) for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:8]},
                 tokens_per_s=batch * 1e9 / ns, pct_hbm_roofline=100 * nbytes / ns / peak,
                 collective_share=moved / ns, wall_s=time.perf_counter() - t0)
 
