@@ -13,7 +13,11 @@ over systems).
   step (``kbtorch.models.hf_plans.decode``, plan ``ep``): decode tokens/s, the share of the
   step's op time in the all-to-alls, the experts routed per layer (top-2 of 8 for one token)
   and the share of all experts' weight bytes the step's expert GEMMs read (2 of 8: ~25%).
-  ``--quick`` skips (c) and (d) (minutes each).
+- **(e) tensor parallel across chips**: Llama-3-70B on maia200_x8, TP 8 (mesh chips x PEs,
+  ``kbtorch.tp_plan``), batch 16: prompt 128 + 8 tokens (wall, tokens/s, share of the time
+  in collectives), and one decode step at L = 4096 over a KV cache made on the device (no
+  prefill simulated): tokens/s, % of the HBM roofline, share in collectives.
+  ``--quick`` skips (c), (d) and (e) (minutes each).
 
     python benchmarks/bench_models.py [--quick] [--json PATH]
 """
@@ -30,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "examples"))
 
 import torch  # noqa: E402
 
@@ -74,6 +79,82 @@ def ep_row() -> dict:
     t0 = time.perf_counter()
     row = decode("maia200_x8", "ep", "mixtral-8x7b", batch=1, prompt=4)
     return dict(row, wall_s=time.perf_counter() - t0)
+#: Llama-3-70B tensor parallel over maia200_x8 (8 chips x 36 PEs, mesh (chip, pe)), batch 16.
+TP_RUN = ("llama3-70b", "--topology", "maia200_x8", "--tp", "8", "--batch", "16")
+
+
+def decode_point(name: str = "llama3-70b", topology: str = "maia200_x8", tp: int = 8, batch: int = 16,
+                 context: int = 4096, static: bool = False) -> dict:
+    """One decode step of ``name`` (timing-only, fused norms, the plan of ``hf.place_plan``)
+    at ``context`` positions: a KV cache of ``context - 1`` positions made on ahbm (no
+    prefill simulated; ``static``: a ``StaticCache`` written in place, else the
+    ``DynamicCache`` that concatenates), then one token per row. -> latency, tokens/s, % of the HBM
+    roofline (``hf_generate.step_bytes``), share of the time in collectives, wall."""
+    import transformers
+    from hf_generate import step_bytes
+    from kbtorch.models.hf import build, fuse_norms, place_plan
+    t0 = time.perf_counter()
+    model, _ = build(name, torch.bfloat16, timing_only=True)
+    fuse_norms(model)
+    cfg = model.config
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    with kbtorch.use(topology) as machine, kbtorch.timing_only(), torch.no_grad():
+        plan, _ = place_plan(model, tp)
+        # NOTE: placed as the k/v projections leave them (column-parallel: sharded on the heads
+        # along both mesh dimensions), as a prefill would have written the cache.
+        mesh = kbtorch.init_device_mesh()
+        if static:
+            cache = transformers.StaticCache(config=cfg, max_cache_len=context)
+            for layer in cache.layers:
+                layer.lazy_initialization(*[kbtorch.distribute_tensor(torch.empty(
+                    batch, cfg.num_key_value_heads, 1, head, dtype=torch.bfloat16, device="ahbm"),
+                    mesh, [kbtorch.Shard(1)] * 2) for _ in range(2)])
+        else:
+            cache = transformers.DynamicCache(config=cfg)
+            for layer in range(cfg.num_hidden_layers):
+                kv = [kbtorch.distribute_tensor(torch.empty(batch, cfg.num_key_value_heads, context - 1, head,
+                                                            dtype=torch.bfloat16, device="ahbm"),
+                                                mesh, [kbtorch.Shard(1)] * 2) for _ in range(2)]
+                cache.update(*kv, layer)
+        ids = torch.randint(2, cfg.vocab_size, (batch, 1)).to("ahbm")
+        where = torch.tensor([context - 1]).to("ahbm")
+        with kbtorch.profile() as prof:
+            model(ids, past_key_values=cache, use_cache=True, cache_position=where)
+        ns = sum(r.latency_ns for r in prof.records)
+        moved = sum(r.latency_ns for r in prof.records if r.name.startswith("redistribute"))
+        peak = machine.hbm_gbps(range(len(machine.pes)))
+    nbytes = step_bytes(model, batch, context)
+    top = {}
+    for r in prof.records:
+        top[r.name] = top.get(r.name, 0.0) + r.latency_ns
+    return dict(model=name, topology=topology, plan=plan, batch=batch, context=context, ns=ns,
+                top={k: round(v) for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:8]},
+                tokens_per_s=batch * 1e9 / ns, pct_hbm_roofline=100 * nbytes / ns / peak,
+                collective_share=moved / ns, wall_s=time.perf_counter() - t0)
+
+
+def tp_rows(targets: list) -> list:
+    """Llama-3-70B on maia200_x8, TP 8, batch 16: the prompt 128 + 8 tokens run (wall,
+    tokens/s) and one decode step at L = 4096 (``decode_point``) with a StaticCache (the
+    target) and with the DynamicCache."""
+    short = generate(*TP_RUN, "--prompt-len", "128", "--new-tokens", "8")
+    point, dynamic = decode_point(static=True), decode_point()
+    print(f"llama3-70b TP 8 on maia200_x8, batch 16, prompt 128 + 8 tokens: {short['tpot_ns'] / 1e3:.1f} us a token "
+          f"= {short['decode_tokens_per_s']:.0f} tokens/s, {100 * short['collective_share']:.1f}% of the time in "
+          f"collectives, {short['wall_s']:.0f} s wall")
+    for what, r in (("StaticCache", point), ("DynamicCache", dynamic)):
+        print(f"  decode step at L = {r['context']}, {what}: {r['ns'] / 1e3:.1f} us = {r['tokens_per_s']:.0f} tokens/s, "
+              f"{r['pct_hbm_roofline']:.1f}% of the HBM roofline, {100 * r['collective_share']:.1f}% in "
+              f"collectives ({r['wall_s']:.0f} s wall); most time: {r['top']}")
+    targets.append(dict(target="Llama-3-70B decode on maia200_x8, TP 8, batch 16, L = 4096 (StaticCache): "
+                               "% of HBM roofline >= 60",
+                        measured=f"{point['pct_hbm_roofline']:.1f}% ({point['tokens_per_s']:.0f} tokens/s, "
+                                 f"{100 * point['collective_share']:.1f}% in collectives)",
+                        **{"pass": point["pct_hbm_roofline"] >= 60}))
+    targets.append(dict(target="Llama-3-70B TP 8 on maia200_x8, prompt 128 + 8 tokens: wall <= 120 s",
+                        measured=f"{short['wall_s']:.0f} s ({short['decode_tokens_per_s']:.0f} tokens/s)",
+                        **{"pass": short["wall_s"] <= 120}))
+    return [short, point, dynamic]
 
 
 def main(argv=None) -> int:
@@ -116,6 +197,7 @@ def main(argv=None) -> int:
                                      f"of expert bytes",
                             **{"pass": ep["pct_all_to_all"] > 0 and ep["experts_routed_per_layer"] == 2
                                and 20 < ep["pct_expert_bytes_read"] < 30}))
+        payload["tp"] = tp_rows(targets)
     finish(targets, t0, args.json, payload)
     return 0
 

@@ -4,7 +4,10 @@ The model is built from its config (``kbtorch/models/hf.py``: a preset, a config
 local snapshot folder; never a download): full-size ones on the meta device and run
 timing-only (no data, default), ``tiny`` ones (and any with ``--check``) with seeded random
 weights (``--check`` compares logits and greedy tokens with the same model on CPU). The
-weights are placed tensor-parallel over all PEs (``kbtorch.models.hf.place_tp``); the KV cache is
+weights are placed tensor-parallel (``kbtorch.models.hf.place_plan``, stated in the output: on one
+chip over all its PEs; on a system of chips (``--tp`` = the chip count, the default) on the
+mesh chips x PEs, across the chips and inside each, partial sums reduced inside each chip and
+then across chips); the KV cache is
 the one the model uses: ``DynamicCache`` (``--cache dynamic``, Hugging Face's default: each
 step concatenates the whole cache) or ``StaticCache`` (``--cache static``: preallocated, each
 step writes its new keys and values in place). ``--kernels fused`` (default) runs the RMSNorm
@@ -36,7 +39,7 @@ import torch
 import kbtorch
 from kbtorch import limits
 from kbtorch.cli import ArgumentParser, run_script
-from kbtorch.models.hf import CONFIGS, TINY_EXTRA, build, config, fuse_norms, place_tp
+from kbtorch.models.hf import CONFIGS, TINY_EXTRA, build, config, fuse_norms, place_plan, place_tp
 from kbtorch.tensor.stream import clock_ns
 
 #: The tiny presets (seeded random weights: data by default); "tiny" is tiny-qwen2.
@@ -63,6 +66,10 @@ def parse(argv):
     ap.add_argument("--check", action="store_true", help="tiny models: logits and tokens against CPU")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--topology", metavar="NAME|PATH", help="the machine (default: $KBTORCH_TOPOLOGY or ahbm)")
+    ap.add_argument("--tp", type=int, metavar="N", help="tensor parallel across N chips and every PE of each "
+                    "(default: all the chips of a system over --dp; one chip: all its PEs)")
+    ap.add_argument("--dp", type=int, metavar="N", default=1, help="data parallel: N replicas of the model, each "
+                    "on chips/N chips with batch/N rows (a system of chips; default 1)")
     ap.add_argument("--ep", type=int, metavar="N", help="expert parallel over the first N chips of a system "
                     "(kbtorch.expert_parallel: experts on chips, all-to-all dispatch/combine)")
     ap.add_argument("--pp", type=int, metavar="N", help="pipeline parallel: the decoder layers in N stages on chip "
@@ -74,6 +81,9 @@ def parse(argv):
             ap.error(f"argument --{name}: must be positive, got {getattr(args, name)}")
     if args.ep and args.pp:
         ap.error("--ep with --pp is not supported yet (one plan across chips at a time)")
+    if (args.ep or args.pp) and (args.tp or args.dp != 1):
+        ap.error("--tp/--dp with --ep/--pp is not supported yet (--ep and --pp place the rest of the model over "
+                 "every PE, tensor parallel)")
     if args.microbatches != 1 and not args.pp:
         ap.error("--microbatches needs --pp")
     if args.pp and not 1 <= args.microbatches <= args.batch:
@@ -86,8 +96,10 @@ def parse(argv):
         args.timing_only = not (args.model in TINY or args.check)
     if args.check and args.timing_only:
         ap.error("--check needs data (a tiny model without --timing-only)")
-    for name in ("prompt_len", "new_tokens", "batch"):
-        if getattr(args, name) < 1:
+    if args.dp and args.batch % args.dp:
+        ap.error(f"argument --dp {args.dp}: the batch of {args.batch} does not split into {args.dp} replicas")
+    for name in ("prompt_len", "new_tokens", "batch", "tp", "dp"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"argument --{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
     return args
 
@@ -148,10 +160,11 @@ def parallel_plan(args, model) -> str:
 
 
 class StepClock:
-    """Simulated ns of each forward call of a model (a forward pre-hook and hook)."""
+    """Simulated ns of each forward call of a model (a forward pre-hook and hook), and the
+    parallel plan its weights were placed by (in words) and the replica's mesh (None: all PEs)."""
 
-    def __init__(self, model):
-        self.steps, self._start = [], 0.0
+    def __init__(self, model, plan: str = "", where=None):
+        self.steps, self._start, self.plan, self.where = [], 0.0, plan, where
         model.register_forward_pre_hook(self._begin)
         model.register_forward_hook(self._end)
 
@@ -174,6 +187,8 @@ def run(args, graph: bool = False):
     mask = torch.ones_like(ids)
     for row in range(1, args.batch, 2):
         mask[row, :min(row, args.prompt_len - 1)] = 0          # left padding on every other row
+    # NOTE: with --dp, replica 0 is simulated with its rows (the others: the same on their own chips).
+    ids, mask = ids[:args.batch // args.dp], mask[:args.batch // args.dp]
     gen = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
     if args.cache == "static":
         gen["cache_implementation"] = "static"
@@ -184,13 +199,16 @@ def run(args, graph: bool = False):
         with torch.no_grad():
             expect = ref.generate(ids, attention_mask=mask, **gen)
     with data():
-        model.to("ahbm")
-        place_tp(model)
-        model.plan_text = parallel_plan(args, model)
-    clock = StepClock(model)
+        if args.ep or args.pp:
+            model.to("ahbm")
+            place_tp(model)
+            plan, where = parallel_plan(args, model), None
+        else:
+            plan, where = place_plan(model, args.tp, args.dp)
+    clock = StepClock(model, plan, where)
     if graph:
         kbtorch.graphed(model)
-    with data(), torch.no_grad(), kbtorch.profile() as prof:
+    with data(), torch.no_grad(), kbtorch.profile() as prof, kbtorch.home(where) if where else nullcontext():
         out = model.generate(ids.to("ahbm"), attention_mask=mask.to("ahbm"), **gen)
     return prof, clock, out, expect, model
 
@@ -215,21 +233,24 @@ def step_bytes(model, batch: int, context: int) -> int:
 
 def report(args, prof, clock, out, expect, model, wall: float) -> dict:
     machine = kbtorch.current_machine()
-    peak = machine.hbm_gbps(range(len(machine.pes)))
+    peak = machine.hbm_gbps(clock.where.pes if clock.where else range(len(machine.pes)))
     prefill, decode = clock.steps[0], clock.steps[1:]
     steps = []
     for i, ns in enumerate(decode):
-        moved = step_bytes(model, args.batch, args.prompt_len + i + 1)
+        moved = step_bytes(model, args.batch // args.dp, args.prompt_len + i + 1)
         steps.append({"context": args.prompt_len + i + 1, "ns": ns, "hbm_bytes": moved,
                       "pct_hbm_roofline": 100 * moved / ns / peak})
     tpot = sum(decode) / len(decode) if decode else None
     total = sum(clock.steps)
-    rec = {"model": args.model, "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-           "cache": args.cache, "kernels": args.kernels, "timing_only": args.timing_only, "plan": model.plan_text,
-           "ttft_ns": prefill,
+    recorded = sum(r.latency_ns for r in prof.records)
+    moved = sum(r.latency_ns for r in prof.records if r.name.startswith("redistribute"))
+    rec = {"model": args.model, "plan": clock.plan, "dp": args.dp, "batch": args.batch, "prompt_len": args.prompt_len,
+           "new_tokens": args.new_tokens, "cache": args.cache, "kernels": args.kernels,
+           "timing_only": args.timing_only, "ttft_ns": prefill,
            "tpot_ns": tpot, "decode_steps": steps,
            "tokens_per_s": args.batch * args.new_tokens * 1e9 / total if total else None,
            "decode_tokens_per_s": args.batch * 1e9 / tpot if tpot else None, "total_ns": total,
+           "collective_share": moved / recorded if recorded else 0.0,
            "ops": [{"name": r.name, "latency_ns": r.latency_ns, "bottleneck": r.bottleneck}
                    for r in sorted(prof.records, key=lambda r: -r.latency_ns)[:20]]}
     if expect is not None:
@@ -288,11 +309,12 @@ def main(argv=None) -> int:
     print(f"\n{args.model}, batch {args.batch}, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
           f"{args.cache} cache, {args.kernels} norms ({'timing only' if args.timing_only else 'with data'}, "
           f"{rec['wall_s']:.1f} s wall)")
-    print(f"plan: {rec['plan']}")
+    print(f"plan on {kbtorch.current_machine().name}: {rec['plan']}")
     print(f"time to first token (prefill): {rec['ttft_ns'] / 1e3:.1f} us")
     for s in rec["decode_steps"]:
         print(f"  decode step, context {s['context']}: {s['ns'] / 1e3:.1f} us, "
               f"{s['pct_hbm_roofline']:.1f}% of the HBM roofline")
+    print(f"collectives (redistributions): {100 * rec['collective_share']:.1f}% of the recorded kernel time")
     if rec["tpot_ns"]:
         print(f"time per output token: {rec['tpot_ns'] / 1e3:.1f} us = {rec['decode_tokens_per_s']:.0f} tokens/s "
               f"(batch {args.batch}); {rec['tokens_per_s']:.0f} tokens/s over the whole generate()")

@@ -9,13 +9,17 @@ from .tensor.graph import Graph as graph, graphed
 from . import compile as _compile
 from .tensor.chips import chip_mesh
 from .tensor.expert_parallel import expert_parallel
+from .tensor.mesh import init_device_mesh, replica
+from .tensor.parallel import ColwiseParallel, ReplicateParallel, RowwiseParallel, parallelize_module, tp_plan
 from .tensor.pipeline import pipeline_parallel
-from .tensor.placement import Mesh, Partial, Replicate, Shard, default_spec
+from .tensor.placement import Mesh, Partial, Replicate, Shard, default_spec, home
 from .tensor.tensor import distribute_tensor, timing_only
 from .topology import current_machine, use
 
 _register()
 _compile.listen_for_breaks()
 
-__all__ = ["graph", "graphed", "Mesh", "Partial", "Replicate", "Shard", "chip_mesh", "current_machine", "default_spec",
-           "distribute_tensor", "expert_parallel", "pipeline_parallel", "profile", "timing_only", "use"]
+__all__ = ["graph", "graphed", "ColwiseParallel", "Mesh", "Partial", "Replicate", "ReplicateParallel",
+           "RowwiseParallel", "Shard", "chip_mesh", "current_machine", "default_spec", "distribute_tensor",
+           "expert_parallel", "home", "init_device_mesh", "parallelize_module", "pipeline_parallel", "profile",
+           "replica", "timing_only", "tp_plan", "use"]

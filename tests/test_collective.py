@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import kbtorch.ops.collective as collective_module
-from kbtorch.ops.collective import BUS_FACTOR, collective, torch_reference
-from kbtorch.ops.collective_concurrent import concurrent, on_groups
+from kbtorch.ops.collective import BUS_FACTOR, collective, estimates, torch_reference
+from kbtorch.ops.collective_concurrent import LINE_ALGOS, concurrent, line_algo, on_groups
 from kbtorch.ops.collective_group import make_grid, resolve_group
 from kbtorch.ops.collective_plan import ALGOS, KINDS, CollectiveError, schedule
 from kbtorch.topology import load_machine
@@ -151,12 +151,15 @@ def test_concurrent_groups_must_not_share_a_pe(ahbm):
 
 
 
-def test_on_groups_is_auto_in_grid_order_alone_and_rings_side_by_side(tiny):
+def test_on_groups_is_auto_in_grid_order_alone_and_the_best_line_algorithm_side_by_side(tiny):
     one = collective("all_gather", group=[0, 1, 2, 3], nbytes=4096, algo="auto", order="grid", machine=tiny)
     assert on_groups("all_gather", [(0, 1, 2, 3)], nbytes=4096, machine=tiny) == (one.latency_ns, one.algo)
-    specs = [dict(kind="all_reduce", group=list(g), nbytes=4096, algo="ring") for g in ((0, 1, 2, 3), (4, 5, 6, 7))]
+    algo = line_algo("all_reduce", (0, 1, 2, 3), 4096, "f16", tiny)
+    est = estimates("all_reduce", tiny, make_grid(tiny, [0, 1, 2, 3]), 4096, 2)
+    assert algo in LINE_ALGOS and est[algo] == min(v for a, v in est.items() if a in LINE_ALGOS)
+    specs = [dict(kind="all_reduce", group=list(g), nbytes=4096, algo=algo) for g in ((0, 1, 2, 3), (4, 5, 6, 7))]
     both = on_groups("all_reduce", [(0, 1, 2, 3), (4, 5, 6, 7)], nbytes=4096, machine=tiny)
-    assert both == (max(concurrent(specs, machine=tiny)), "ring") and both[0] > 0
+    assert both == (max(concurrent(specs, machine=tiny)), algo) and both[0] > 0
 
 # ---- algorithm trade-offs -----------------------------------------------------------------
 

@@ -175,6 +175,8 @@ def test_every_module_has_a_layer():
     assert _layer("kbtorch.tensor.ops_matmul") == _layer("kbtorch.compile") == (6, "tensor")
     assert _layer("kbtorch.tensor.expert_parallel") == _layer("kbtorch.tensor.chips") == (6, "tensor")
     assert _layer("kbtorch.tensor.pipeline") == (6, "tensor")
+    assert _layer("kbtorch.tensor.mesh") == _layer("kbtorch.tensor.parallel") == _layer(
+        "kbtorch.tensor.ops_matmul_mesh") == (6, "tensor")
     assert _layer("kbtorch.units") == _layer("kbtorch.limits") == (0, "base")
     assert _layer("kbtorch.nowhere") is None
 

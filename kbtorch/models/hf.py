@@ -14,6 +14,7 @@ on the vocabulary). ``fuse_norms`` runs the model's RMSNorm layers as torch's fu
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import types
 
@@ -144,6 +145,47 @@ def place_tp(model):
             setattr(sub, pname, torch.nn.Parameter(kbtorch.distribute_tensor(p.data, mesh, [placed]),
                                                    requires_grad=False))
     return model
+
+
+def place_plan(model, tp: int | None = None, dp: int = 1) -> tuple:
+    """Move ``model`` to ahbm and place it by the plan of the current machine; -> (the plan
+    in words, the mesh of the replica to run in (``kbtorch.home``), None without ``dp``).
+
+    On one chip (``tp`` None or 1): ``place_tp``, tensor parallel over all its PEs. On a
+    system of chips (default ``tp``: every chip over ``dp``): the mesh (``dp`` x chips x PEs
+    per chip, ``kbtorch.init_device_mesh``) and ``kbtorch.tp_plan`` along the chip and PE
+    dimensions of replica 0 (``kbtorch.replica``): tensor parallel across its chips and
+    inside each, so that each row-parallel layer's partial sums are reduced inside each
+    chip, then across chips on the system's network. With ``dp`` > 1 the model lies on
+    replica 0's PEs and the caller runs that replica's share of the batch inside
+    ``kbtorch.home(replica)``. NOTE: replicas exchange nothing in inference, each on chips of
+    its own: the others take the same time (symmetry); what they would share, switches
+    above the replica, is not contended in the simulation."""
+    import kbtorch
+    machine = kbtorch.current_machine()
+    chips, n = machine.chips, len(machine.pes)
+    tp = chips // dp if tp is None else tp
+    if tp * dp != chips:
+        raise ValueError(f"arguments --tp {tp} x --dp {dp}: topology '{machine.name}' has {chips} "
+                         f"chip{'s' if chips > 1 else ''}; tensor parallelism spans the chips of a replica "
+                         f"(--tp x --dp = {chips})")
+    if chips == 1:
+        model.to("ahbm")
+        place_tp(model)
+        return (f"tensor parallel over the {n} PEs of one chip (1-D mesh): q/k/v/gate/up column-, o/down "
+                f"row-parallel"), None
+    mesh = kbtorch.init_device_mesh((dp, tp, n // chips), ("dp", "chip", "pe"))
+    one = kbtorch.replica(mesh, "dp")
+    with kbtorch.home(one) if dp > 1 else contextlib.nullcontext():
+        model.to("ahbm")
+        kbtorch.parallelize_module(model, one, kbtorch.tp_plan(model, one))
+    text = (f"tensor parallel {tp} chips x {n // chips} PEs (mesh {one.shape}, dims {one.names}, TP {tp}): "
+            f"q/k/v/gate/up/lm_head column-, o/down row-parallel, embedding vocab-parallel, norms replicated, "
+            f"other layers by default")
+    if dp > 1:
+        text += (f"; data parallel {dp} replicas (mesh {mesh.shape}, dims {mesh.names}): replica 0 simulated with "
+                 f"its share of the batch, the others the same on their own chips")
+    return text, one if dp > 1 else None
 
 
 def _fused_rms_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,8 @@ redistributions over every line of a mesh), sharing links, HBM controllers and r
 from __future__ import annotations
 
 from ..kernel import run_programs
-from .collective import collective, padded_bytes
+from . import collective_model as model
+from .collective import _mode, collective, estimates, padded_bytes
 from .collective_group import make_grid, resolve_group
 from .collective_kernel import CollectiveKernel
 from .collective_plan import CollectiveError, schedule
@@ -24,7 +25,8 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast") -> tuple:
     """Run several collectives at the same time on one simulator; -> (RunResult, each one's PEs).
 
     ``specs``: dicts with ``kind``, ``group``, ``nbytes`` and optionally ``algo`` (not
-    ``auto``), ``op``, ``dtype``, ``packet_bytes``. The groups must not share a PE (each
+    ``auto``), ``op``, ``dtype``, ``packet_bytes``. ``mode="auto"``: coarse when all of them
+    together are past one collective's thresholds (``collective._mode``), else fast. The groups must not share a PE (each
     PE's semaphores and buffers belong to one collective); they may share links, HBM
     controllers and routers, and then share their bandwidth."""
     machine = as_machine(machine)
@@ -47,6 +49,11 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast") -> tuple:
                                   spec.get("packet_bytes"))
         programs.update(kernel.programs())
         groups.append(pes)
+    if mode == "auto":
+        # NOTE: as one collective's ``mode="auto"`` (``collective._mode``), over all the groups'
+        # bytes, commands and link crossings together.
+        nbytes = sum(s["nbytes"] * len(g) for s, g in zip(specs, groups))
+        mode = _mode("auto", machine, nbytes, [0], programs, model.resource_ps(machine, programs))
     return run_programs(programs, machine, mode=mode), groups
 
 
@@ -59,7 +66,8 @@ def on_groups_run(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", m
     """Collective ``kind`` of ``nbytes`` per member on every group of ``groups`` (disjoint,
     of one size) at once: -> (latency ns, algorithm, RunResult). One group takes the algorithm with
     the least estimate (``algo="auto"``) with its members' blocks in the grid's coordinate
-    order (``order="grid"``); several run rings side by side (``concurrent``).
+    order (``order="grid"``); several run side by side (``concurrent``), each with the
+    algorithm ``line_algo`` picks.
 
     NOTE: which member of a group holds which shard is the deployment's choice: every shard
     is the same size and every PE does the same work on its own, so only the collectives
@@ -70,6 +78,25 @@ def on_groups_run(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", m
         run = collective(kind, group=list(groups[0]), nbytes=nbytes, dtype=dtype, algo="auto", machine=machine,
                          order="grid")
         return run.latency_ns, run.algo, run.result
-    specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo="ring") for g in groups]
-    result, members = concurrent_run(specs, machine=machine)
-    return max(max(result.pe_finish_ps.get(pe, 0) for pe in pes) for pes in members) / 1000, "ring", result
+    algo = line_algo(kind, groups[0], nbytes, dtype, as_machine(machine))
+    specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo=algo) for g in groups]
+    result, members = concurrent_run(specs, machine=machine, mode="auto")
+    return max(max(result.pe_finish_ps.get(pe, 0) for pe in pes) for pes in members) / 1000, algo, result
+
+
+def line_algo(kind: str, group, nbytes: int, dtype: str, machine) -> str:
+    """The algorithm of one of several groups side by side: the one with the least estimate
+    for a group alone (``collective.estimates``), among those whose every step goes from one
+    member to one other (ring, bidir-ring, tree; ``ring`` if none applies).
+
+    NOTE: lines of a mesh dimension across chips are latency-bound for a decode step's
+    activations: a ring of n chips takes 2(n - 1) network steps, recursive doubling log2 n.
+    The estimate sees one group; the groups share the links they have in common, which the
+    concurrent run then times."""
+    grid = make_grid(machine, resolve_group(machine, list(group)))
+    est = {a: ps for a, ps in estimates(kind, machine, grid, nbytes, DTYPES[dtype].bytes).items() if a in LINE_ALGOS}
+    return min(est, key=est.get) if est else "ring"
+
+
+#: Algorithms run on several groups at once.
+LINE_ALGOS = ("ring", "bidir-ring", "tree")

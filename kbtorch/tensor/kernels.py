@@ -13,7 +13,7 @@ import torch
 
 from ..ops.contract import dtype_of
 from ..ops.elementwise import elementwise
-from .placement import Shard, Spec, flat_mesh, scoped_pes
+from .placement import Shard, Spec, scoped_pes
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,9 @@ def mesh_pes(x) -> tuple | None:
 
 
 def on(like, placement) -> Spec:
-    """``placement`` on the (flattened) mesh of the ahbm tensor ``like``."""
-    return Spec(flat_mesh(like._spec.mesh), (placement,))
+    """``placement`` along every dimension of the mesh of the ahbm tensor ``like`` (on a
+    mesh of several dimensions: the same over its PEs in order as on the flat mesh)."""
+    return Spec(like._spec.mesh, (placement,) * len(like._spec.placements))
 
 
 #: Integer and bool types: small vector work (token ids, positions, masks).

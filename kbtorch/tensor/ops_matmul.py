@@ -25,8 +25,9 @@ import torch
 from ..ops.gemm import gemm
 from .dispatch import Out, refuse, register, same_device, value_of
 from .kernels import Rows, kernel_dtype, on, timed, vector
-from .placement import Partial, Replicate, Shard, default_spec, scoped_pes
-from .sharding import flat, placement, settle_partial
+from .ops_matmul_mesh import mesh_matmul
+from .placement import Partial, Replicate, Shard, Spec, default_spec, scoped_pes
+from .sharding import flat, placement, settle_partial, to_all
 
 aten = torch.ops.aten
 
@@ -102,15 +103,18 @@ def bias_run(machine, op: str, args, kwargs, spec, shape: tuple, dtype: str, eb:
         return None
     cls = "add" if beta == 1 and alpha == 1 else "fma"
     n = int(torch.Size(shape).numel())
-    run = vector(machine, cls, n, placed=spec.placements[0], pes=tuple(spec.mesh.pes), shape=shape, dtype=dtype,
+    run = vector(machine, cls, n, placed=spec.uniform or Replicate(), pes=tuple(spec.mesh.pes), shape=shape, dtype=dtype,
                  elem_bytes=eb)
     return timed(f"{op} (bias)", args, f"elementwise {cls}", run, machine.math_flops(cls) * n)
 
 
 def _matmul(machine, op: str, a, b):
-    """Time ``a @ b`` by the placement rules; -> (result placement (None: default), run)."""
+    """Time ``a @ b`` by the placement rules; -> (result ``Spec`` (None: default), run). A
+    mixed placement on a mesh of several dimensions: ``ops_matmul_mesh``."""
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     dtype, _ = kernel_dtype(value_of(a), op)
+    if hasattr(a, "_spec") and any(len(x._spec.placements) > 1 and x._spec.uniform is None for x in (a, b)):
+        return mesh_matmul(machine, op, a, b, _gemm)
     pb = placement(b)
     if isinstance(pb, Shard) and hasattr(a, "_spec"):
         a, b = flat(a), flat(b)
@@ -118,15 +122,15 @@ def _matmul(machine, op: str, a, b):
         if pb.dim % 2 == 1:
             a = settle_partial(a)
             if not isinstance(placement(a), Replicate):
-                a = a.redistribute([Replicate()])
+                a = to_all(a, Replicate())
             run = _gemm(machine, m, n, k, dtype, "n", pes)
-            return Shard(1), timed(op, (a, b), "gemm", run.result, run.flops, run.plan,
-                                   rows(machine, m, n, k, dtype, "n", pes))
+            return on(b, Shard(1)), timed(op, (a, b), "gemm", run.result, run.flops, run.plan,
+                                          rows(machine, m, n, k, dtype, "n", pes))
         pa = placement(settle_partial(a))
         if isinstance(pa, Shard) and pa.dim % 2 == 1 or isinstance(pa, Replicate):
             run = _gemm(machine, m, n, k, dtype, "k", pes)
-            return Partial(), timed(op, (a, b), "gemm", run.result, run.flops, run.plan,
-                                    rows(machine, m, n, k, dtype, "k", pes))
+            return on(b, Partial()), timed(op, (a, b), "gemm", run.result, run.flops, run.plan,
+                                           rows(machine, m, n, k, dtype, "k", pes))
     return None, timed_mm(machine, op, (a, b), m, n, k, dtype)
 
 
@@ -138,8 +142,8 @@ def mm(func, args, kwargs, machine):
     out = _product(value_of(args[0]), value_of(args[1]))
     if not out.numel() or not args[0].shape[1]:
         return Out(out)
-    placed, run = _matmul(machine, "aten::mm", args[0], args[1])
-    return Out(out, None if placed is None else on(args[1], placed), runs=(run,))
+    where, run = _matmul(machine, "aten::mm", args[0], args[1])
+    return Out(out, where, runs=(run,))
 
 
 @register(aten.mv, aten.dot, aten.vdot)
@@ -175,14 +179,14 @@ def addmm(func, args, kwargs, machine):
     if not out.numel():
         return Out(out)
     dtype, eb = kernel_dtype(a, "addmm")
-    runs, placed = [], None
+    runs, where = [], None
     if a.shape[1]:
-        placed, run = _matmul(machine, "aten::addmm", args[1], args[2])
+        where, run = _matmul(machine, "aten::addmm", args[1], args[2])
         runs.append(run)
-    if isinstance(placed, Partial):
-        type(args[2])(out, on(args[2], Partial())).redistribute([Replicate()])
-        placed = Replicate()
-    where = None if placed is None else on(args[2], placed)
+    if where is not None and any(isinstance(p, Partial) for p in where.placements):
+        settled = tuple(Replicate() if isinstance(p, Partial) else p for p in where.placements)
+        type(args[2])(out, where).redistribute(settled)
+        where = Spec(where.mesh, settled)
     spec = where or default_spec(machine, tuple(out.shape))
     extra = bias_run(machine, "aten::addmm", args, kwargs, spec, tuple(out.shape), dtype, eb)
     return Out(out, where, runs=tuple(runs) + ((extra,) if extra else ()))

@@ -115,7 +115,8 @@ def _replicate(x, numel: int, placed) -> None:
     """Time making ``numel`` fp32 values placed ``placed`` on ``x``'s mesh replicated (the
     collective is recorded on the stream); the values themselves are not kept."""
     values = torch.empty(numel, dtype=torch.float32, device="meta")
-    type(x)(values, Spec(x._spec.mesh, (placed,)), owns=False).redistribute([Replicate()])
+    n = len(x._spec.placements)
+    type(x)(values, Spec(x._spec.mesh, (placed,) * n), owns=False).redistribute([Replicate()] * n)
 
 
 def reduced_dims(func, args, kwargs, rank: int) -> tuple:

@@ -8,6 +8,7 @@ shorter, as ``torch.chunk``), ``Replicate()`` (a full copy at every coordinate) 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from math import prod
@@ -40,23 +41,99 @@ class Partial:
 @dataclass(frozen=True)
 class Mesh:
     """PE ids ``pes`` of ``machine`` (default: the current one, ``kbtorch.use``) laid out
-    row-major on a grid of ``shape``. A tensor remembers its machine through its mesh."""
+    row-major on a grid of ``shape``, its dimensions optionally named (``names``, as
+    torch's ``mesh_dim_names``; ``kbtorch.init_device_mesh`` builds one from the machine's
+    chips). A tensor remembers its machine through its mesh. ``mesh["pe"]``: the sub-mesh
+    of the named dimension(s) (``SubMesh``)."""
 
     pes: tuple
     shape: tuple
     machine: object = field(default=None, repr=False)
+    names: tuple | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "machine", as_machine(self.machine))
+        object.__setattr__(self, "shape", tuple(self.shape))
         if prod(self.shape) != len(self.pes) or not self.pes:
             raise ValueError(f"mesh of shape {self.shape} needs {prod(self.shape)} PEs, got {len(self.pes)}")
         if len(set(self.pes)) != len(self.pes):
             raise ValueError(f"mesh names a PE twice: {list(self.pes)}")
+        if self.names is not None:
+            object.__setattr__(self, "names", tuple(self.names))
+            if len(self.names) != len(self.shape) or len(set(self.names)) != len(self.names):
+                raise ValueError(f"mesh_dim_names {self.names} do not name the {len(self.shape)} dimensions of "
+                                 f"mesh shape {self.shape} once each")
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def size(self, dim=None) -> int:
+        """PEs of the mesh, or along dimension ``dim`` (an index or a name)."""
+        return len(self.pes) if dim is None else self.shape[self.dim_index(dim)]
+
+    def dim_index(self, dim) -> int:
+        """The index of mesh dimension ``dim`` (an index or one of ``names``)."""
+        if isinstance(dim, int) and -self.ndim <= dim < self.ndim:
+            return dim % self.ndim
+        if isinstance(dim, str) and self.names and dim in self.names:
+            return self.names.index(dim)
+        raise KeyError(f"mesh dimension {dim!r}: the mesh of shape {self.shape} has "
+                       f"{'dimensions ' + ', '.join(map(repr, self.names)) if self.names else 'no named dimensions'}")
+
+    def __getitem__(self, dims) -> "SubMesh":
+        dims = (dims,) if isinstance(dims, (str, int)) else tuple(dims)
+        return SubMesh(self, tuple(self.dim_index(d) for d in dims))
 
     def __deepcopy__(self, memo):
         # NOTE: immutable, and its machine is shared: torch.compile's guards deep-copy a
         # tensor's metadata and compare it with ``==`` (a copied machine would never match).
         return self
+
+
+@dataclass(frozen=True)
+class SubMesh:
+    """Dimensions ``dims`` of ``parent`` (``mesh["pe"]``), as torch's sub-mesh of a
+    ``DeviceMesh``. A tensor placed on it (``placements`` for those dimensions only) lies on
+    the whole parent mesh, replicated along the other dimensions (``expand``): the global
+    view of what every rank's sub-mesh holds in torch."""
+
+    parent: Mesh
+    dims: tuple
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.parent.shape[d] for d in self.dims)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.dims)
+
+    @property
+    def names(self) -> tuple | None:
+        return None if self.parent.names is None else tuple(self.parent.names[d] for d in self.dims)
+
+    @property
+    def machine(self):
+        return self.parent.machine
+
+    def size(self, dim=None) -> int:
+        return prod(self.shape) if dim is None else self.parent.size(self.dims[self.names.index(dim)]
+                                                                     if isinstance(dim, str) else self.dims[dim])
+
+
+def expand(mesh, placements) -> tuple:
+    """(the whole mesh, one placement per its dimension) of ``placements`` on ``mesh``: a
+    ``Mesh`` as it is; a ``SubMesh``'s placements on its dimensions, ``Replicate()`` on the others."""
+    placements = tuple(placements)
+    if not isinstance(mesh, SubMesh):
+        return mesh, placements
+    if len(placements) != mesh.ndim:
+        raise ValueError(f"{len(placements)} placements for the {mesh.ndim}-dimensional sub-mesh {mesh.names or mesh.dims}")
+    full = [Replicate()] * mesh.parent.ndim
+    for d, p in zip(mesh.dims, placements):
+        full[d] = p
+    return mesh.parent, tuple(full)
 
 
 @dataclass(frozen=True)
@@ -82,6 +159,14 @@ class Spec:
     def __repr__(self) -> str:
         return f"Spec({len(self.mesh.pes)} PEs {self.mesh.shape}, {list(self.placements)})"
 
+    @property
+    def uniform(self):
+        """The one placement every mesh dimension has (None if they differ): a tensor
+        ``Shard(d)`` along every dimension of a row-major mesh is ``Shard(d)`` over its PEs
+        in order, as on the flat mesh; so are ``Replicate()`` and ``Partial()``."""
+        first = self.placements[0]
+        return first if all(p == first for p in self.placements) else None
+
 
 def flat_mesh(mesh: Mesh) -> Mesh:
     """The same PEs of the same machine as a one-dimensional mesh."""
@@ -94,7 +179,8 @@ SHARD_MIN_PER_PE = 1024
 
 
 #: The mesh that new tensors and unplaced kernels use while it is set (a pipeline stage's
-#: PEs, ``tensor.pipeline``), for its machine; None: every PE of the machine.
+#: PEs, ``tensor.pipeline``; a data-parallel replica, ``home``), for its machine; None: every
+#: PE of the machine.
 SCOPE: ContextVar = ContextVar("kbtorch_scope", default=None)
 
 
@@ -102,6 +188,18 @@ def scoped_pes(machine) -> tuple | None:
     """The PEs of the scope (``SCOPE``) on ``machine``, or None (every PE)."""
     scope = SCOPE.get()
     return tuple(scope.pes) if scope is not None and scope.machine is machine else None
+
+
+@contextmanager
+def home(mesh: Mesh):
+    """Inside this block (this thread or task), new ahbm tensors of ``mesh``'s machine go on
+    ``mesh``'s PEs (``default_spec``) and ops without a placement rule run their kernels there
+    (``SCOPE``): a model on a part of the machine, e.g. one data-parallel replica."""
+    token = SCOPE.set(mesh)
+    try:
+        yield mesh
+    finally:
+        SCOPE.reset(token)
 
 
 def default_spec(machine, shape: tuple = ()) -> Spec:

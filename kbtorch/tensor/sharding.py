@@ -1,7 +1,9 @@
 """Sharding propagation: where an op's result lies and which inputs must move first.
 
-Rules, on a one-dimensional mesh (a multi-dimensional mesh is first treated as replicated
-where it matters, see ``flat``):
+Rules, on a one-dimensional mesh; a mesh of several dimensions with the same placement along
+each (``Spec.uniform``) follows them as that placement over its PEs in order, and results stay
+on it; a mixed placement is first made replicated where it matters (``flat``), except in
+matmul (``ops_matmul_mesh``: per mesh dimension):
 
 - elementwise ops (with broadcasting): the result is ``Shard(d)`` if an input is sharded on
   a dimension that maps to output dimension ``d``; ``Replicate()`` inputs are used locally
@@ -24,11 +26,15 @@ from .placement import SHARD_MIN_PER_PE, Partial, Replicate, Shard, Spec, first_
 
 
 def placement(x):
-    """The single placement of an ahbm tensor on a 1-D mesh (None for a host value)."""
+    """The single placement of an ahbm tensor as on a 1-D mesh (None for a host value): on
+    a mesh of several dimensions, the one placement they all have (``Spec.uniform``: the
+    same over the mesh's PEs in order), else ``Replicate()`` (see ``flat``)."""
     spec = getattr(x, "_spec", None)
     if spec is None:
         return None
-    return spec.placements[0] if len(spec.placements) == 1 else Replicate()
+    if len(spec.placements) == 1:
+        return spec.placements[0]
+    return spec.uniform or Replicate()
 
 
 def shard_dim(x) -> int | None:
@@ -36,26 +42,33 @@ def shard_dim(x) -> int | None:
     return p.dim % x.dim() if isinstance(p, Shard) else None
 
 
+def to_all(x, p):
+    """``x`` redistributed to placement ``p`` along every mesh dimension (timed)."""
+    return x.redistribute([p] * len(x._spec.placements))
+
+
 def flat(x):
-    """``x`` on a 1-D mesh: a multi-dimensional placement is made replicated (timed)."""
+    """``x`` as on a 1-D mesh: a uniform placement (the same along every mesh dimension) as
+    it is (``placement`` reads it), a mixed one made replicated (timed)."""
     spec = x._spec
-    if len(spec.placements) == 1:
+    if len(spec.placements) == 1 or spec.uniform is not None:
         return x
-    rep = x.redistribute([Replicate()] * len(spec.placements))
+    rep = to_all(x, Replicate())
     return type(x)(rep._value, Spec(flat_mesh(spec.mesh), (Replicate(),)), owns=False)
 
 
 def settle_partial(x, out_shape: tuple | None = None):
     """A Partial input reduced: reduce-scatter onto the first output dimension that splits
     over the mesh (when ``x`` is large, as ``default_spec``, and has that dimension at full
-    size in the output), else all-reduce."""
+    size in the output), else all-reduce (on a mesh of several dimensions: along each, as
+    ``redistribute.steps`` orders them: hierarchically)."""
     if not isinstance(placement(x), Partial):
         return x
     n = len(x._spec.mesh.pes)
     d = first_split_dim(tuple(x.shape), n) if x.numel() >= n * SHARD_MIN_PER_PE else None
     if d is not None and (out_shape is None or (len(out_shape) == x.dim() and out_shape[d] == x.shape[d])):
-        return x.redistribute([Shard(d)])
-    return x.redistribute([Replicate()])
+        return to_all(x, Shard(d))
+    return to_all(x, Replicate())
 
 
 def elementwise_inputs(tensors: list, out_shape: tuple) -> tuple[list, object]:
@@ -75,20 +88,21 @@ def elementwise_inputs(tensors: list, out_shape: tuple) -> tuple[list, object]:
     for t in tensors:
         d = shard_dim(t) if hasattr(t, "_spec") else None
         if d is not None and (out_dim is None or t is not owner and d + len(out_shape) - t.dim() != out_dim):
-            t = t.redistribute([Replicate()])
+            t = to_all(t, Replicate())
         fixed.append(t)
     return fixed, Shard(out_dim) if out_dim is not None else Replicate()
 
 
 def reduces_shard(x, dims: tuple) -> bool:
-    """Whether ``x`` (on a 1-D mesh) is sharded on one of the reduced ``dims``: then a sum or
+    """Whether ``x`` (on a 1-D mesh, or the same along every mesh dimension) is sharded on
+    one of the reduced ``dims``: then a sum or
     mean runs on each PE's part into a ``Partial()`` result, a norm all-reduces its rows'
     statistics and a max/argmax gathers each PE's winners (``ops_reduce``).
 
     NOTE: those reductions decompose over the parts (a sum is linear), so the whole input
     is never gathered first: an RMSNorm of a hidden-sharded activation moves a few values
     per row, as a tensor-parallel norm does."""
-    d = shard_dim(x) if len(x._spec.placements) == 1 else None
+    d = shard_dim(x)
     return d is not None and d in {e % x.dim() for e in dims}
 
 
@@ -97,7 +111,7 @@ def rowwise_input(x, dims: tuple):
     x = settle_partial(flat(x))
     d = shard_dim(x)
     if d is not None and d in {e % x.dim() for e in dims}:
-        x = x.redistribute([Replicate()])
+        x = to_all(x, Replicate())
     return x
 
 

@@ -15,7 +15,7 @@ import torch
 
 from .dispatch import DEVICE, dispatch, value_of
 from .memory import hbm_book
-from .placement import Spec
+from .placement import Spec, expand
 from .redistribute import full_tensor, redistribute
 
 _TIMING_ONLY: ContextVar = ContextVar("kbtorch_timing_only", default=False)
@@ -142,11 +142,12 @@ def _rebuild(value: torch.Tensor, spec: Spec, requires_grad: bool) -> AhbmTensor
 
 
 def distribute_tensor(t: torch.Tensor, mesh, placements) -> AhbmTensor:
-    """A host tensor placed on ``mesh`` (untimed deployment, like ``.to("ahbm")``)."""
-    spec = Spec(mesh, tuple(placements))
+    """A host tensor placed on ``mesh`` (untimed deployment, like ``.to("ahbm")``); on a
+    sub-mesh (``mesh["pe"]``) it is replicated along the parent's other dimensions."""
+    spec = Spec(*expand(mesh, placements))
     spec.check(tuple(t.shape))
-    for pe in mesh.pes:
-        if not 0 <= pe < len(mesh.machine.pes):
-            raise ValueError(f"mesh PE {pe} is outside topology '{mesh.machine.name}'")
+    for pe in spec.mesh.pes:
+        if not 0 <= pe < len(spec.mesh.machine.pes):
+            raise ValueError(f"mesh PE {pe} is outside topology '{spec.mesh.machine.name}'")
     value = value_of(t) if isinstance(t, AhbmTensor) else t.detach().to("cpu").clone()
     return AhbmTensor(value, spec)
