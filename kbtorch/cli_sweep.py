@@ -137,12 +137,13 @@ def _cmd_sweep(args, _machine):
             "causes": causes(failures),
             "store": result.store_path, "wall_s": result.wall_s, "plots": plots,
             "sensitivity": sensitivity(df, spec) if spec.axes else {}, "rows": result.rows}
-    return data, _text(df, data)
+    return data, _text(df, data, {n for w in spec.workloads for n, _ in (*w.fixed, *w.swept)})
 
 
-def _text(df, data: dict) -> str:
-    point_cols = [c for c in df.columns if c not in ("key", "plan", "events", "wall_s") and not c.startswith("ns_")
-                  and c not in SHOWN]
+def _text(df, data: dict, params: set) -> str:
+    # NOTE: an OpRun's ``plan`` figure is hidden, a workload param of that name is not.
+    hidden = {"key", "events", "wall_s"} | ({"plan"} - params)
+    point_cols = [c for c in df.columns if c not in hidden and not c.startswith("ns_") and c not in SHOWN]
     table = _blank(df[point_cols + [c for c in SHOWN if c in df.columns]]).to_markdown(index=False, floatfmt=".4g")
     head = (f"sweep {data['spec']}: {data['points']} points ({data['ran']} run now, {data['reused']} reused from "
             f"{data['store']}) in {data['wall_s']:.1f} s; {len(data['failed'])} failed")

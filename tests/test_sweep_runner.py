@@ -109,3 +109,21 @@ def test_kill_and_resume(tmp_path):
     assert len(resumed) == 36 and len({k for k, _ in resumed}) == 36
     sweep.run(spec, workers=1, store=str(tmp_path / "clean.sqlite"), progress=False)
     assert _values(resumed) == _values(_stored(tmp_path / "clean.sqlite"))
+
+
+def test_the_tiny_plan_study_runs_on_a_system(tmp_path, capsys):
+    """tests/data/tiny_plans.toml, the tiny counterpart of the shipped mixtral_plans study:
+    tiny Mixtral on tiny_system (4 chips) under each plan, end to end through `kbtorch sweep`."""
+    pytest.importorskip("transformers")
+    spec = Path(__file__).parent / "data" / "tiny_plans.toml"
+    out = tmp_path / "plans.csv"
+    assert main(["sweep", str(spec), "--workers", "1", "--store", str(tmp_path / "s.sqlite"),
+                 "--export", "csv", str(out)]) == 0
+    assert "| tp_pp " in capsys.readouterr().out
+    import pandas as pd
+    rows = pd.read_csv(out).set_index("plan")
+    assert list(rows.index) == ["tp", "tp_pp", "ep"] and rows["error"].isna().all()
+    assert rows.loc["ep", "pct_all_to_all"] > 0 and rows.loc["tp", "pct_all_to_all"] == 0
+    assert rows.loc["tp_pp", "pct_pp_sends"] > 0 and rows.loc["ep", "pct_pp_sends"] == 0
+    # NOTE: simulated times (deterministic): EP runs each chip's own experts at once.
+    assert rows.loc["ep", "latency_ns"] < rows.loc["tp", "latency_ns"] < rows.loc["tp_pp", "latency_ns"]

@@ -98,3 +98,42 @@ def test_a_shipped_study_by_name_and_its_store_in_the_working_directory(tmp_path
 @pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).parents[1] / "kbtorch" / "studies").glob("*.toml")))
 def test_every_shipped_study_loads(name):
     assert load_spec(name).points
+
+
+SYSTEM = str(Path(__file__).parent / "data" / "tiny_system.toml")
+AR = '[workloads.ar]\nop = "all_reduce"\ngroup = "all"\nnbytes = "64KiB"\nmode = "coarse"\n'
+
+
+def _system_spec(tmp_path, axes: str):
+    return _spec(tmp_path, f"[axes]\n{axes}\n" + AR).read_text().replace(TINY, SYSTEM)
+
+
+def test_a_system_topology_with_system_and_chip_axes(tmp_path):
+    (tmp_path / "s.toml").write_text(_system_spec(
+        tmp_path, '"system.trays" = [1, 2]\nnoc = { path = "chip.links.noc.bw_gbps", scale = [0.5, 2] }'))
+    spec = load_spec(tmp_path / "s.toml")
+    assert spec.topology == SYSTEM and len(spec.points) == 4
+    # NOTE: a scale of a chip field multiplies the chip file's value (tinychip: noc 256 GB/s).
+    assert [dict(p.overrides) for p in spec.points[:2]] == [{"system.trays": 1, "chip.links.noc.bw_gbps": 128.0},
+                                                          {"system.trays": 1, "chip.links.noc.bw_gbps": 512.0}]
+    assert spec.base(spec.axes[0]) == 2
+    by_name = load_spec(_both(tmp_path))
+    assert {Path(p.topology).stem for p in by_name.points} == {"tiny_system", "tiny"}
+
+
+def _both(tmp_path):
+    p = tmp_path / "both.toml"
+    p.write_text(f'[sweep]\ntopology = "{SYSTEM}"\n[axes]\ntopology = ["{SYSTEM}", "{TINY}"]\n' + AR)
+    return p
+
+
+@pytest.mark.parametrize("axes, field, message", [
+    ('"system.trayz" = [1, 2]', "axes.system.trayz", r"no entry 'trayz' in system \(did you mean 'trays'\?\)"),
+    ('"system.trays" = [0, 2]', "axes.system.trays", r"positive integer, got 0 .*on topology 'tiny_system'"),
+    ('"chip.links.nocc.bw_gbps" = [1, 2]', "axes.chip.links.nocc.bw_gbps", r"no entry 'nocc'.*chip file tinychip.toml"),
+    ('"chip.links.noc.bw_gbps" = [-1, 2]', "axes.chip.links.noc.bw_gbps", r"positive number, got -1 .*'tiny_system'"),
+])
+def test_a_bad_system_field_is_refused_by_name(tmp_path, axes, field, message):
+    (tmp_path / "s.toml").write_text(_system_spec(tmp_path, axes))
+    with pytest.raises(SpecError, match=rf"s\.toml: {field}: .*{message}"):
+        load_spec(tmp_path / "s.toml")

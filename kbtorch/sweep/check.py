@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import re
@@ -23,12 +22,12 @@ from pathlib import Path
 from .. import ops
 from ..ops.contract import family
 from ..topology.errors import TopologyError
-from ..topology.loader import read_toml
+from ..topology.loader import override_entry
+from ..topology.overrides import CHIP_PREFIX
 from ..topology.machine import load_machine, topology_path
-from ..topology.overrides import apply_overrides
 from .workloads import convert, same_key
 
-__all__ = ["combos", "check_axes", "check_distinct", "check_points", "check_machines", "get", "timing_only"]
+__all__ = ["combos", "check_axes", "check_distinct", "check_points", "check_machines", "timing_only"]
 
 #: Top-level sections of a topology whose overrides change timing only.
 TIMING_ONLY = ("links", "issue", "launch")
@@ -37,17 +36,9 @@ _TIMING_FIELD = re.compile(r"_(gbps|ns|ghz|cycles)$")
 
 def timing_only(dotted: str) -> bool:
     """Whether an override at ``dotted`` changes timing only (see the module docstring)."""
-    parts = _parts(dotted)
+    parts = _parts(dotted.removeprefix(CHIP_PREFIX))
     return (parts[0] in TIMING_ONLY or _TIMING_FIELD.search(parts[-1]) is not None
             or (len(parts) > 1 and parts[-2] == "tflops"))
-
-
-def get(doc: dict, dotted: str):
-    """The entry at ``dotted`` (``a.b[2].c``) of ``doc``; the path is checked before."""
-    node = doc
-    for part in _parts(dotted):
-        node = node[int(part)] if isinstance(node, list) else node[part]
-    return node
 
 
 def _parts(dotted: str) -> tuple:
@@ -76,18 +67,16 @@ def check_axes(axes: tuple, base: str, path: str, error) -> None:
     topologies = [base] + [v for a in axes if not a.paths for v in a.values]
     for topology in dict.fromkeys(topologies):
         tpath = topology_path(topology)
-        doc = read_toml(tpath)
         for axis in (a for a in axes if a.paths):
             for dotted in axis.paths:
-                _check_path(doc, dotted, axis, tpath, Path(topology).stem, path, error)
+                _check_path(dotted, axis, tpath, Path(topology).stem, path, error)
 
 
-def _check_path(doc, dotted, axis, tpath, shown, path, error) -> None:
+def _check_path(dotted, axis, tpath, shown, path, error) -> None:
     try:
-        apply_overrides(copy.deepcopy(doc), {dotted: 0}, tpath)
+        value = override_entry(tpath, dotted)
     except TopologyError as exc:
         raise error(path, f"axes.{axis.name}", f"{exc.message} (on topology '{shown}')") from None
-    value = get(doc, dotted)
     if axis.scale and (isinstance(value, bool) or not isinstance(value, (int, float))):
         kind = "table" if isinstance(value, dict) else type(value).__name__
         raise error(path, f"axes.{axis.name}.scale", f"'{dotted}' is a {kind} ({value!r}) on topology '{shown}': "

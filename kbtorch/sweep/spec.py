@@ -21,7 +21,6 @@ every axis value on every topology, every workload's params on every machine of 
 """
 from __future__ import annotations
 
-import copy
 import importlib.resources
 import itertools
 import math
@@ -33,11 +32,10 @@ from pathlib import Path
 
 from ..limits import LIMITS, limit
 from ..topology.errors import TopologyError, did_you_mean
-from ..topology.loader import read_toml
+from ..topology.loader import override_entry, resolve_doc
 from ..topology.machine import DEFAULT_MACHINE, topology_path
-from ..topology.overrides import apply_overrides
-from ..topology.validate import validate
-from .check import check_axes, check_distinct, check_machines, check_points, combos, get
+from ..topology.overrides import CHIP_PREFIX
+from .check import check_axes, check_distinct, check_machines, check_points, combos
 from .workloads import parse_workload, same_key
 
 __all__ = ["SpecError", "Axis", "Point", "Spec", "load_spec", "study_path", "base_value", "COMBINE", "STUDY_DIR"]
@@ -113,7 +111,7 @@ def base_value(axis: Axis, topology: str):
     elif not axis.paths:
         value = topology
     else:
-        value = get(read_toml(topology_path(topology)), axis.paths[0])
+        value = override_entry(topology_path(topology), axis.paths[0])
     return value if value in axis.values else axis.values[0]
 
 
@@ -262,8 +260,7 @@ def _topology(value, path, field) -> str:
     near = Path(path).resolve().parent / value
     name = str(near) if value.endswith(".toml") and near.exists() else value
     try:
-        tpath = topology_path(name)
-        validate(read_toml(tpath), tpath)
+        resolve_doc(topology_path(name))
     except TopologyError as exc:
         where = "" if exc.entry in ("name", "file") else f"{exc.entry}: "
         raise SpecError(path, field, f"'{value}': {where}{exc.message}") from None
@@ -325,21 +322,22 @@ def _values(value, path, field) -> tuple:
 def _overrides(topology: str, settings: list, path: str, field: str) -> tuple:
     """The overrides of ``settings`` ([(axis, value)]) on ``topology``, checked against its schema."""
     tpath, shown = topology_path(topology), Path(topology).stem
-    doc = read_toml(tpath)
     out, by_path = {}, {}
     for axis, value in settings:
         for dotted in axis.paths:
             try:
-                apply_overrides(copy.deepcopy(doc), {dotted: 0}, tpath)
+                current = override_entry(tpath, dotted)
             except TopologyError as exc:
                 raise SpecError(path, f"{field}.{axis.name}", f"{exc.message} (on topology '{shown}')") from None
-            out[dotted] = get(doc, dotted) * value if axis.scale else value
+            out[dotted] = current * value if axis.scale else value
             by_path[dotted] = axis.name
     try:
-        apply_overrides(doc, out, tpath)
-        validate(doc, tpath)
+        resolve_doc(tpath, out)
     except TopologyError as exc:
-        hit = [d for d in out if exc.entry == d or exc.entry.startswith(d + ".") or exc.entry.startswith(d + "[")]
+        # NOTE: a system's chip file reports its own entries: ``chip.X`` of the system.
+        entry = exc.entry if exc.path == tpath else CHIP_PREFIX + exc.entry
+        exc = TopologyError(exc.path, entry, exc.message)
+        hit = [d for d in out if entry == d or entry.startswith(d + ".") or entry.startswith(d + "[")]
         name = by_path[hit[0]] if hit else exc.entry
         where = f"{exc.entry}: " if hit and exc.entry != name else ""
         raise SpecError(path, f"{field}.{name}", f"{where}{exc.message} (on topology '{shown}')") from None

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from .errors import TopologyError, did_you_mean
 from .expand import Expander, RawTopology
-from .overrides import apply_overrides, blame
+from .overrides import CHIP_PREFIX, apply_overrides, blame, lookup
 from .size import check_size, element_limit
 from .system import check_system, chip_file, compile_system, is_system
 from .validate import content_digest, validate
 
-__all__ = ["RawTopology", "load_raw", "read_toml", "resolve_doc", "topology_dirs", "TOPOLOGY_DIR"]
+__all__ = ["RawTopology", "load_raw", "read_toml", "resolve_doc", "override_entry", "topology_dirs", "TOPOLOGY_DIR"]
 #: The shipped topologies: package data (kbtorch/topologies/*.toml), found in a checkout and in
 #: an installed wheel alike.
 TOPOLOGY_DIR = Path(str(importlib.resources.files("kbtorch") / "topologies"))
@@ -88,6 +88,25 @@ def resolve_doc(path: str | Path, overrides: dict | None = None) -> dict:
     except TopologyError as exc:
         raise blame(exc, overrides) from None
     return doc
+
+
+def override_entry(path: str | Path, dotted):
+    """The value at the override path ``dotted`` of topology file ``path`` (what a sweep
+    scales, or shows as the base value). A system file's ``chip.X`` is field ``X`` of its chip
+    file, after the system's ``chip_overrides``. TopologyError naming the file and the entry
+    when there is none."""
+    path = str(path)
+    doc = read_toml(path)
+    if not (is_system(doc) and isinstance(dotted, str) and dotted.startswith(CHIP_PREFIX)):
+        return lookup(doc, dotted, path)
+    check_system(doc, path, None)
+    chip_path = chip_file(path, doc["system"]["chip"], topology_dirs())
+    chip = read_toml(chip_path)
+    apply_overrides(chip, doc["system"].get("chip_overrides", {}), chip_path)
+    try:
+        return lookup(chip, dotted.removeprefix(CHIP_PREFIX), chip_path)
+    except TopologyError as exc:
+        raise TopologyError(path, dotted, f"{exc.message} (of the chip file {Path(chip_path).name})") from None
 
 
 def load_raw(path: str | Path, overrides: dict | None = None, max_elements: int | None = None,

@@ -10,6 +10,9 @@ import re
 
 from .errors import TopologyError, did_you_mean
 
+#: An override of a system file under this prefix sets a field of its chip file
+#: (``chip.links.noc.bw_gbps``), on top of the system's own ``system.chip_overrides``.
+CHIP_PREFIX = "chip."
 _PART = re.compile(r"^([^.\[\]]+)((?:\[\d+\])*)$")
 
 
@@ -25,6 +28,16 @@ def apply_overrides(doc: dict, overrides, path: str) -> None:
                 parent = parent[step]
         # NOTE: a copy, so a later override or the loader never aliases the caller's value.
         parent[steps[-1]] = copy.deepcopy(value)
+
+
+def lookup(doc: dict, dotted, path: str):
+    """The entry of ``doc`` at the override path ``dotted``; TopologyError naming ``path`` and
+    ``dotted`` when the file has no such entry."""
+    steps, node = _steps(dotted, path), doc
+    for i, step in enumerate(steps):
+        _check_step(node, step, steps[:i], dotted, path)
+        node = node[step]
+    return node
 
 
 def _steps(dotted, path: str) -> list:
@@ -53,7 +66,9 @@ def _check_step(parent, step, done: list, dotted: str, path: str) -> None:
 
 def blame(exc: TopologyError, overrides) -> TopologyError:
     """``exc`` with a note when the entry it names was set by one of ``overrides``."""
-    hit = [k for k in overrides or () if isinstance(k, str) and (exc.entry == k or exc.entry.startswith(k + "."))]
+    # NOTE: a system's ``chip.X`` override is entry ``X`` of its chip file.
+    hit = [k for k in overrides or () if isinstance(k, str) and any(
+        exc.entry == e or exc.entry.startswith(e + ".") for e in (k, k.removeprefix(CHIP_PREFIX)))]
     return TopologyError(exc.path, exc.entry, f"{exc.message} (set by override '{hit[0]}')") if hit else exc
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import TopologyError, did_you_mean
-from .overrides import apply_overrides
+from .overrides import CHIP_PREFIX, apply_overrides
 from .schema import SYSTEM_TOP
 from .validate import validate
 
@@ -167,10 +167,17 @@ def chip_file(path: str, name: str, topology_dirs) -> str:
 
 
 def check_system(doc: dict, path: str, overrides) -> None:
-    """Overrides applied and schema checked, in place."""
+    """Overrides applied and schema checked, in place. An override ``chip.X`` (``CHIP_PREFIX``)
+    sets field ``X`` of the chip file: it joins ``system.chip_overrides`` (over the file's own
+    entry for ``X``) and is checked with the chip file when the system compiles."""
+    chip = {k: v for k, v in overrides.items() if isinstance(k, str) and k.startswith(CHIP_PREFIX)} \
+        if isinstance(overrides, dict) else {}
     if overrides is not None:
-        apply_overrides(doc, overrides, path)
+        apply_overrides(doc, {k: v for k, v in overrides.items() if k not in chip} if chip else overrides, path)
     validate(doc, path, SYSTEM_TOP)
+    if chip:
+        own = doc["system"].get("chip_overrides", {})
+        doc["system"]["chip_overrides"] = {**own, **{k.removeprefix(CHIP_PREFIX): v for k, v in chip.items()}}
 
 
 def _group(path: str, name: str, spec: dict, top: dict, doc: dict) -> PortGroup:
