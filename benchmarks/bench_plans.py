@@ -1,7 +1,7 @@
 """TP 8 vs TP 4 x PP 2 vs EP 8 for Mixtral-8x7B decoding on maia200_x8 (issue 24's plan
 comparison): ``kbtorch.models.hf_plans.decode`` for each plan, one decode step after a prefill,
-timing only. A benchmark script rather than a study under ``kbtorch/studies``: the sweep
-spec cannot name a composed system (``maia200_x8``) as its topology yet.
+timing only, printed as the table of docs/model.md. The same points as the study
+``kbtorch sweep mixtral_plans`` (``kbtorch/studies/mixtral_plans.toml``, stored and resumable).
 
 "TP 8" is the default placement (``place_tp``: column/row-parallel linears over a flat mesh of
 all 288 PEs, tensor parallel over the 8 chips), not a 2-D (chips x PEs) mesh plan.

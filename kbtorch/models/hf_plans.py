@@ -2,9 +2,9 @@
 parallel plan, as ``examples/hf_generate.py`` runs it with ``--ep`` / ``--pp``: the points of
 ``benchmarks/bench_plans.py`` and the EP row of ``benchmarks/bench_models.py``.
 
-NOTE: a function of the sweep workload form (``fn(machine, **params) -> row``), but the sweep
-spec cannot name a composed system (``[system]`` files) as its topology yet, so no study
-file runs it.
+A function of the sweep workload form (``fn(machine, **params) -> row``): the study
+``kbtorch/studies/mixtral_plans.toml`` (Mixtral-8x7B on maia200_x8, the plan swept) and its
+tiny counterpart ``tests/data/tiny_plans.toml`` run it.
 
 Plans (``plan``):
 - ``tp``: every weight over a flat mesh of all PEs of the system (``place_tp``: column/row
