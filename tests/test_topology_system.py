@@ -84,3 +84,18 @@ def test_schema_errors_name_the_field():
     _fails({"tray.links[0].a": "chip7.peer"}, "tray.links[0].a", "a tray has chips 0..1")
     _fails({"ports.up.attach": "nowhere"}, "ports.up.attach", "no node 'nowhere' in the chip's top block")
     _fails({"switches.t1.down": "t9"}, "switches.t1.down", "neither a port group nor a switch tier")
+
+
+def test_chip_overrides_of_a_system_set_its_chip_files_fields():
+    from kbtorch.topology.loader import override_entry, resolve_doc
+    doc = resolve_doc(SYSTEM, {"system.trays": 1, "chip.links.noc.bw_gbps": 512})
+    assert doc["links"]["noc"]["bw_gbps"] == 512 and doc["system_file"]["system"]["trays"] == 1
+    assert doc["system_file"]["system"]["chip_overrides"] == {"links.noc.bw_gbps": 512}
+    assert override_entry(SYSTEM, "chip.links.noc.bw_gbps") == 256 and override_entry(SYSTEM, "system.trays") == 2
+    m = load_machine(SYSTEM, {"chip.links.noc.bw_gbps": 512})
+    assert len(m.pes) == len(load_machine(SYSTEM).pes) and m.chip is not load_machine(SYSTEM).chip
+    with pytest.raises(TopologyError, match=r"tinychip.toml: links.nocc.bw_gbps: override: the file has no entry "
+                       r"'nocc' .*\(set by override 'chip.links.nocc.bw_gbps'\)"):
+        load_machine(SYSTEM, {"chip.links.nocc.bw_gbps": 512})
+    with pytest.raises(TopologyError, match=r"tiny_system.toml: chip.links.nocc: .*of the chip file tinychip.toml"):
+        override_entry(SYSTEM, "chip.links.nocc")
