@@ -16,8 +16,11 @@ Plans (``plan``):
 Its row: the decode step's latency (``latency_ns``, one token per sequence of the batch
 after a prefill of ``prompt`` tokens), the prefill's (``ttft_ns``), decode tokens/s, and the
 share of the decode step's op time in all-to-alls, in other collectives and in pipeline
-sends; of the experts (``ep``): how many were routed in the step and the share of all
-experts' weight bytes its expert GEMMs read. A point takes minutes (a full-size model);
+sends; of the experts (``ep``): how many were routed in the step and the HBM bytes its
+expert kernels moved (the routed experts' weights, their activations and partial sums: the
+simulator's count) as a share of all experts' weight bytes (``pct_expert_hbm_bytes``; near
+the routed share for a full-size model, whose weights dominate; above 100% for a tiny one,
+whose activations do). A point takes minutes (a full-size model);
 keep it out of tests.
 """
 from __future__ import annotations
@@ -86,4 +89,4 @@ def decode(machine, plan: str = "tp", model: str = "mixtral-8x7b", batch: int = 
             "pct_other_collectives": share(lambda r: r.name.startswith(("redistribute", "ep reduce"))),
             "pct_pp_sends": share(lambda r: r.name.startswith("pp send")), "ops": len(recs),
             "experts_routed_per_layer": max(routed, default=None),
-            "pct_expert_bytes_read": 100 * sum(r.bytes for r in experts) / weights if experts else None}
+            "pct_expert_hbm_bytes": 100 * sum(r.bytes for r in experts) / weights if experts else None}
