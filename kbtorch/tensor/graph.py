@@ -15,7 +15,8 @@ programs and runs them in ONE simulation, and the graph goes on the stream as on
 (one launch) whose parts are its kernels, with their spans, on their own trace tracks. The
 timing of a graph is cached by what it ran (the same kernel runs, the same dependencies, the
 same machine): a graph captured or replayed again with the same shapes is not simulated
-again.
+again; one that differs from the last simulated only in some kernels' shapes (decode with a
+growing KV cache) is re-timed from it (``Graph._retime``, docs/model.md).
 
 Replay re-runs every node through ``dispatch`` (the same handlers) on the tensors it was
 captured with, the outputs of earlier nodes standing for the values they had: inputs are
