@@ -59,9 +59,12 @@ def key(graph) -> tuple:
 def shape_key(graph) -> tuple:
     """What two graphs that differ only in some kernels' shapes share (decode steps with a
     growing KV cache): fusion on or off, each kernel's op and kind, the dependencies, what
-    escapes, and of a vector pass what decides which group it joins (all but its length)."""
+    escapes, and of a vector pass its op, operands, dtype and whether it is pointwise (not
+    its length, nor its PEs: a pass split over its tensor's rows, such as one over a growing
+    attention mask, takes more PEs each step; the re-timed graph keeps the simulated one's
+    fusion groups)."""
     def groups_by(v):
-        return v and (v.op, v.pes, v.inputs, v.dtype, v.elem_bytes, v.out_ratio)
+        return v and (v.op, v.inputs, v.dtype, v.elem_bytes, v.out_ratio == 1)
     return (graph.fuse, tuple((k.timed.name, k.timed.kernel, k.deps, groups_by(getattr(k.timed.result, "vector", None)))
                               for k in graph.kernels), tuple(sorted(_escaping(graph))))
 
