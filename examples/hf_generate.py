@@ -319,8 +319,8 @@ def main(argv=None) -> int:
         print(f"time per output token: {rec['tpot_ns'] / 1e3:.1f} us = {rec['decode_tokens_per_s']:.0f} tokens/s "
               f"(batch {args.batch}); {rec['tokens_per_s']:.0f} tokens/s over the whole generate()")
     if rec.get("graphs"):
-        print(f"graph mode: {rec['graphs']['calls']} forward calls, {rec['graphs']['simulated']} graphs simulated "
-              f"(the others replayed their timing)")
+        print(f"graph mode: {rec['graphs']['calls']} forward calls, {rec['graphs']['simulated']} graphs simulated, "
+              f"{rec['graphs']['retimed']} re-timed from a like graph (the others replayed their timing)")
     if expect is not None:
         print(f"greedy tokens match CPU: {ok}")
     return 0 if ok else 1

@@ -84,7 +84,7 @@ def test_graphed_module_caches_the_timing_of_repeated_shapes(small):
     for _ in range(3):
         got = lin(x.to("ahbm"))
     torch.testing.assert_close(got.cpu(), want)
-    assert lin.forward.graphs == {"calls": 3, "simulated": 1}
+    assert lin.forward.graphs == {"calls": 3, "simulated": 1, "retimed": 0}
 
 
 def test_compile_backend_matches_cpu_and_reports_graph_breaks(small):
@@ -246,3 +246,56 @@ def test_the_decode_layers_norms_fuse_into_their_projections(small):
     assert sum(k.kernel.startswith("norm+gemm") for k in fused.plan.kernels) == 5
     assert sum(k.flops for k in fused.plan.kernels) == sum(k.flops for k in plain.plan.kernels)
     assert memory_bytes(small, fused.schedule.result) <= memory_bytes(small, plain.schedule.result)
+def _count_simulations(monkeypatch) -> list:
+    from kbtorch.tensor import scheduler
+    calls, real = [], scheduler.simulate
+    monkeypatch.setattr(scheduler, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def test_a_replay_with_the_same_shapes_is_not_simulated_again(small, monkeypatch):
+    calls = _count_simulations(monkeypatch)
+    w = torch.randn(32, 32).to("ahbm")
+    x = torch.randn(8, 32).to("ahbm")
+    with kbtorch.graph() as g:
+        torch.nn.functional.silu(x @ w)
+    assert len(calls) == 1 and not g.cached
+    for _ in range(3):
+        g.replay()
+    with kbtorch.graph() as again:                  # captured anew, the same shapes
+        torch.nn.functional.silu(x @ w)
+    assert len(calls) == 1 and g.cached and again.cached and again.latency_ns == g.latency_ns
+
+
+def _decode(model, ids, steps: int) -> tuple:
+    """Greedy decode with a DynamicCache, every forward a graph: (graph latencies, counts)."""
+    from transformers import DynamicCache
+    kbtorch.graphed(model)
+    cache, lat, tokens = DynamicCache(), [], []
+    with torch.no_grad():
+        out = model(ids, past_key_values=cache, use_cache=True)
+        for _ in range(steps):
+            tok = out.logits[:, -1:].argmax(-1)
+            tokens.append(tok.cpu())
+            out = model(tok, past_key_values=out.past_key_values, use_cache=True)
+            lat.append(model.forward.last.latency_ns)
+    return lat, dict(model.forward.graphs), torch.cat(tokens, -1)
+
+
+def test_dynamic_cache_steps_are_retimed_within_the_tolerance(small, monkeypatch):
+    pytest.importorskip("transformers")
+    from kbtorch.models.hf import build
+    ids = torch.randint(2, 128, (1, 12), generator=torch.Generator().manual_seed(3)).to("ahbm")
+    runs = {}
+    for tol in (-1.0, graph_mod.RETIME_TOLERANCE):          # -1: every step simulated
+        monkeypatch.setattr(graph_mod, "RETIME_TOLERANCE", tol)
+        graph_mod._CACHE.clear(), graph_mod._LIKE.clear()
+        model, _ = build("tiny-qwen2")
+        runs[tol] = _decode(model.to("ahbm"), ids, 4)
+    (full, fcount, ftok), (fast, count, tok) = runs[-1.0], runs[graph_mod.RETIME_TOLERANCE]
+    assert torch.equal(tok, ftok)                                   # numerics do not depend on timing
+    assert fcount["retimed"] == 0 and fcount["simulated"] == 5      # prefill + 4 steps, each a new KV length
+    assert count["retimed"] >= 2 and count["simulated"] + count["retimed"] == 5
+    for f, s in zip(full, fast):
+        assert s == pytest.approx(f, rel=graph_mod.RETIME_TOLERANCE)
+    assert fast[-1] > fast[0]                                       # the longer KV cache is seen

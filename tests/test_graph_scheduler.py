@@ -77,3 +77,28 @@ def test_shared_read_keys_are_renamed_apart_per_kernel():
     cmd = Composite(tiles=2, staging=Loc("tcm0"), reads=(read, Move(Loc("hbm0"), 64)))
     renamed = scheduler._rename(cmd, "3.")
     assert renamed.reads[0].share == Share("3.weights", (0, 1)) and renamed.reads[1].share is None
+def test_retiming_moves_only_the_paths_through_a_changed_kernel(tiny):
+    # a -> b, a -> c, b and c -> d; b's branch (disjoint PEs) longer than c's
+    progs = [_vector(tiny, range(4)), _vector(tiny, range(4), 1 << 18), _vector(tiny, range(4, 8)),
+             _vector(tiny, range(8))]
+    deps = [frozenset(), frozenset({0}), frozenset({0}), frozenset({1, 2})]
+    sched = scheduler.simulate(progs, deps, tiny)
+    same = scheduler.retime(sched, deps, [0, 0, 0, 0])
+    assert same.latency_ps == sched.latency_ps and same.finish_ps == sched.finish_ps
+    slack = sched.finish_ps[1] - sched.finish_ps[2]
+    assert slack > 0
+    hidden = scheduler.retime(sched, deps, [0, 0, slack // 2, 0])          # c grows within b's shadow
+    assert hidden.latency_ps == sched.latency_ps
+    longer = scheduler.retime(sched, deps, [0, 1000, 0, 0])               # b is on the longest path
+    assert longer.latency_ps == sched.latency_ps + 1000
+    assert longer.finish_ps[3] == sched.finish_ps[3] + 1000 and sched.result.latency_ps != longer.result.latency_ps
+
+
+def test_a_prefill_like_graph_is_periodic_with_an_input_every_block_shares():
+    # kernel 0 (rotary tables) read by every block's first kernel; blocks of 2 kernels
+    sigs = [("tables", frozenset())]
+    for b in range(6):
+        first = 1 + 2 * b
+        sigs += [("qkv", frozenset({0, first - 1}) if b else frozenset({0})), ("mlp", frozenset({first}))]
+    per = scheduler.period(sigs)
+    assert per is not None and per.length == 2 and per.count >= 5

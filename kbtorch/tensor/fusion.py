@@ -66,6 +66,19 @@ def key(graph) -> tuple:
     return (graph.fuse, tuple((id(k.timed.result), k.deps) for k in graph.kernels), tuple(sorted(_escaping(graph))))
 
 
+def shape_key(graph) -> tuple:
+    """What two graphs that differ only in some kernels' shapes share (decode steps with a
+    growing KV cache): fusion on or off, each kernel's op and kind, the dependencies, what
+    escapes, and of a vector pass its op, operands, dtype and whether it is pointwise (not
+    its length, nor its PEs: a pass split over its tensor's rows, such as one over a growing
+    attention mask, takes more PEs each step; the re-timed graph keeps the simulated one's
+    fusion groups)."""
+    def groups_by(v):
+        return v and (v.op, v.inputs, v.dtype, v.elem_bytes, v.out_ratio == 1)
+    return (graph.fuse, tuple((k.timed.name, k.timed.kernel, k.deps, groups_by(getattr(k.timed.result, "vector", None)))
+                              for k in graph.kernels), tuple(sorted(_escaping(graph))))
+
+
 def _escaping(graph) -> set:
     """Kernels whose results the program holds after capture or an op without a kernel
     reads (always written)."""
@@ -379,16 +392,10 @@ def report(graph) -> str:
     return "\n".join(lines)
 
 
-#: Dependencies further back than this are named by index (a model's shared inputs, made
-#: once before its layers), nearer ones by distance (within a layer and its neighbours).
-NEAR = 64
-
-
 def signatures(graph, plan: Plan) -> list:
-    """Per planned kernel, what it runs (its members' runs) and on what it depends: equal
-    signatures in a repeating run mark a model's layers (``scheduler.period``)."""
-    out = []
-    for i, k in enumerate(plan.kernels):
-        deps = tuple(sorted(("near", i - d) if i - d <= NEAR else ("far", d) for d in k.deps))
-        out.append((tuple(id(graph.kernels[m].timed.result) for m in k.members), k.kernel, deps))
-    return out
+    """Per planned kernel, what it runs (its members' runs, its kind) and the kernels it
+    depends on (indices in the plan): kernels that run the same and depend on their
+    counterparts one block back, or on the same kernel (an input every block shares, such as
+    a model's rotary tables), mark a model's layers (``scheduler.period``)."""
+    return [((tuple(id(graph.kernels[m].timed.result) for m in k.members), k.kernel), k.deps)
+            for k in plan.kernels]

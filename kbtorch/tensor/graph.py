@@ -15,7 +15,8 @@ programs and runs them in ONE simulation, and the graph goes on the stream as on
 (one launch) whose parts are its kernels, with their spans, on their own trace tracks. The
 timing of a graph is cached by what it ran (the same kernel runs, the same dependencies, the
 same machine): a graph captured or replayed again with the same shapes is not simulated
-again.
+again; one that differs from the last simulated only in some kernels' shapes (decode with a
+growing KV cache) is re-timed from it (``Graph._retime``, docs/model.md).
 
 Replay re-runs every node through ``dispatch`` (the same handlers) on the tensors it was
 captured with, the outputs of earlier nodes standing for the values they had: inputs are
@@ -29,7 +30,7 @@ import functools
 import sys
 import traceback
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
@@ -47,6 +48,13 @@ from . import fusion, overlap, scheduler
 #: Simulated graphs kept (key -> Scheduled plan); the oldest is dropped beyond this.
 CACHE_MAX = 64
 _CACHE: dict = {}
+#: The last graph simulated of each shape key (``fusion.shape_key``): (its kernel runs, plan,
+#: schedule), what like graphs are re-timed from.
+_LIKE: dict = {}
+#: A graph like a simulated one (the same ops, dependencies and kernel kinds) is re-timed from
+#: it while its kernels, each simulated alone, moved at most this fraction of the simulated
+#: graph's latency in all (the sum of the changes' sizes); beyond, it is simulated (docs/model.md).
+RETIME_TOLERANCE = 0.01
 
 
 @dataclass
@@ -122,7 +130,8 @@ class Graph:
         self.kernels: list[Kernel] = []
         self.depth = 0
         self.plan = None
-        self.cached = False
+        self.cached = False           # timed from the cache: the same kernel runs simulated before
+        self.retimed = False          # re-timed from a like graph simulated before (``_retime``)
         self._writer: dict = {}       # id(root) -> kernels that last wrote it
         self._readers: dict = {}      # id(root) -> kernels that read it since
         self._slots: dict = {}        # id(tensor) -> Slot
@@ -236,29 +245,61 @@ class Graph:
 
     # -- timing ------------------------------------------------------------------------------
     def run(self) -> None:
-        """Time the graph (cached) and put it on the stream as one launch."""
+        """Time the graph (cached, or re-timed from a like graph) and put it on the stream as
+        one launch."""
         if not self.kernels:
             return
         machine = self.machine or current_machine()
-        # NOTE: the key is known before fusion builds anything: a cached graph costs a lookup.
-        key = (id(machine), self.mode, self.periodic, self.order, self.overlap, fusion.key(self))
+        # NOTE: the keys are known before fusion builds anything: a cached graph costs a lookup.
+        how = (id(machine), self.mode, self.periodic, self.order, self.overlap)
+        key, like = how + (fusion.key(self),), how + (fusion.shape_key(self),)
         got = _CACHE.get(key)
-        self.cached = got is not None
+        self.cached, self.retimed = got is not None, False
         if got is None:
-            plan = fusion.plan(self) if self.fuse else fusion.unfused(self)
-            plan = overlap.rewrite(self, plan) if self.overlap else plan
-            progs, deps = [k.programs for k in plan.kernels], [k.deps for k in plan.kernels]
-            late = [k.late for k in plan.kernels]
-            est = [sum(self.kernels[m].timed.result.latency_ps for m in k.members) for k in plan.kernels] \
-                if self.order == "ready" else None
-            per = scheduler.period(fusion.signatures(self, plan)) if self.periodic else None
-            sched = scheduler.simulate_periodic(progs, deps, machine, per, self.mode, late, est) if per else \
-                scheduler.simulate(progs, deps, machine, self.mode, late, est)
-            got = _CACHE[key] = (plan, sched)
-            if len(_CACHE) > CACHE_MAX:
-                del _CACHE[next(iter(_CACHE))]
+            got = self._retime(_LIKE.get(like))
+            self.retimed = got is not None
+        if got is None:
+            got = self._simulate(machine)
+            _LIKE[like] = (tuple(k.timed.result for k in self.kernels), *got)
+        _CACHE[key] = got
+        for cache in (_CACHE, _LIKE):
+            if len(cache) > CACHE_MAX:
+                del cache[next(iter(cache))]
         self.plan, self.schedule = got
         _record(self, machine, *got)
+
+    def _simulate(self, machine) -> tuple:
+        """(plan, schedule): fused and simulated in one run (periodic graphs in part)."""
+        plan = fusion.plan(self) if self.fuse else fusion.unfused(self)
+        plan = overlap.rewrite(self, plan) if self.overlap else plan
+        progs, deps = [k.programs for k in plan.kernels], [k.deps for k in plan.kernels]
+        late = [k.late for k in plan.kernels]
+        est = [sum(self.kernels[m].timed.result.latency_ps for m in k.members) for k in plan.kernels] \
+            if self.order == "ready" else None
+        per = scheduler.period(fusion.signatures(self, plan)) if self.periodic else None
+        sched = scheduler.simulate_periodic(progs, deps, machine, per, self.mode, late, est) if per else \
+            scheduler.simulate(progs, deps, machine, self.mode, late, est)
+        return plan, sched
+
+    def _retime(self, anchor) -> tuple | None:
+        """(plan, schedule) of ``anchor`` (a simulated graph of the same ops, dependencies and
+        kernel kinds: ``fusion.shape_key``) re-timed for this graph's kernel runs, or None when
+        its kernels alone moved more than ``RETIME_TOLERANCE`` of its latency (re-simulate).
+
+        NOTE: decode with ``DynamicCache``: each step's graph differs from the last only in
+        the KV length (the attention and cache-concat kernels, each simulated alone for its new
+        shape); the schedule is re-run on the simulated spans (``scheduler.retime``)."""
+        if anchor is None:
+            return None
+        runs, plan, sched = anchor
+        if len({m for k in plan.kernels for m in k.members}) < sum(len(k.members) for k in plan.kernels):
+            return None         # NOTE: chunks of one kernel (``overlap``) share its members: simulate again
+        moved = [k.timed.result.latency_ps - r.latency_ps for k, r in zip(self.kernels, runs)]
+        if sum(map(abs, moved)) > RETIME_TOLERANCE * sched.latency_ps:
+            return None
+        delta = [sum(moved[m] for m in k.members) for k in plan.kernels]
+        plan = replace(plan, keep=tuple(k.timed.result for k in self.kernels))   # NOTE: the cache key's ids stay theirs
+        return plan, scheduler.retime(sched, [k.deps for k in plan.kernels], delta)
 
     @property
     def latency_ns(self) -> float:
@@ -333,11 +374,12 @@ def graphed(fn, *, name: str | None = None, **options):
         with Graph(name=label, **options) as g:
             out = call(*args, **kwargs)
         wrapper.graphs["calls"] += 1
-        wrapper.graphs["simulated"] += 0 if g.cached else 1
+        wrapper.graphs["simulated"] += 0 if g.cached or g.retimed else 1
+        wrapper.graphs["retimed"] += 1 if g.retimed else 0
         wrapper.last = g
         return out
 
-    wrapper.graphs, wrapper.last = {"calls": 0, "simulated": 0}, None
+    wrapper.graphs, wrapper.last = {"calls": 0, "simulated": 0, "retimed": 0}, None
     if module is not None:
         module.forward = wrapper
         return module

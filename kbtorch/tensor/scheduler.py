@@ -23,6 +23,7 @@ programs as to any kernel's.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 
 from ..sim import symmetry
@@ -244,19 +245,29 @@ class Period:
     count: int
 
 
+def same(signatures: list, i: int, p: int) -> bool:
+    """Whether kernel ``i + p`` repeats kernel ``i`` one block of ``p`` kernels on: it runs
+    the same and each of its dependencies is the counterpart of one of ``i``'s one block on,
+    or the very same kernel (an input shared by every block)."""
+    (what, deps), (what2, deps2) = signatures[i], signatures[i + p]
+    if what != what2 or len(deps) != len(deps2):
+        return False
+    return all(d + p in deps2 or d in deps2 for d in deps)
+
+
 def period(signatures: list) -> Period | None:
     """The repeated block covering most kernels (a model's layers), or None.
 
-    ``signatures``: per kernel, what it runs and its dependencies (``graph``'s)."""
+    ``signatures``: per kernel, (what it runs, the kernels it depends on) (``fusion``'s)."""
     n, best = len(signatures), None
     for p in range(1, n // REPEATS_MIN + 1):
         i = 0
         while i + p < n:
-            if signatures[i] != signatures[i + p]:
+            if not same(signatures, i, p):
                 i += 1
                 continue
             j = i
-            while j + p < n and signatures[j] == signatures[j + p]:
+            while j + p < n and same(signatures, j, p):
                 j += 1
             count = (j - i) // p + 1
             if count >= REPEATS_MIN and (best is None or count * p > best.count * best.length):
@@ -305,3 +316,20 @@ def _fold(d: int, per: Period, cut: int, resume: int) -> int:
     if d >= resume:
         return d - (resume - cut)
     return cut - per.length + (d - per.start) % per.length
+
+
+def retime(sched: Scheduled, deps: list, delta_ps: list) -> Scheduled:
+    """``sched`` (a simulated graph) with kernel ``k``'s span grown by ``delta_ps[k]``, the
+    others' spans as simulated, every kernel starting when its dependencies finish (the
+    longest path through the graph's dependencies, not a sum): a graph whose kernels changed
+    a little since it was simulated (``graph``'s re-timing rule, docs/model.md).
+
+    NOTE: what the simulation measured (each kernel's span under the contention it met)
+    stays; only the changed kernels' own latencies move, and they move every kernel after them."""
+    ready, finish = [], []
+    for k, ds in enumerate(deps):
+        ready.append(max((finish[d] for d in ds), default=sched.ready_ps[k]))
+        finish.append(ready[-1] + max(0, sched.finish_ps[k] - sched.ready_ps[k] + delta_ps[k]))
+    result = copy.copy(sched.result)
+    result.latency_ps = max(1, sched.result.latency_ps + max(finish, default=0) - max(sched.finish_ps, default=0))
+    return Scheduled(result, tuple(ready), tuple(finish), sched.commands)
