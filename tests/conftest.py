@@ -39,6 +39,14 @@ def _process_machine_restored():
 
 
 @pytest.fixture
+def on_tiny_system():
+    """The process machine is tests/data/tiny_system.toml (4 tinychips x 4 PEs) for one test
+    (``_process_machine_restored`` puts the previous one back)."""
+    from kbtorch import use
+    use(str(DATA / "tiny_system.toml"))
+
+
+@pytest.fixture
 def write_topology(tmp_path):
     """A function ``write(text, name="topo.toml") -> Path`` that writes a TOML file in tmp_path."""
     def write(text: str, name: str = "topo.toml") -> Path:

@@ -11,15 +11,9 @@ from kbtorch.models.hf import build  # noqa: E402
 from kbtorch.tensor.chips import chip_mesh  # noqa: E402
 from kbtorch.tensor.expert_parallel import expert_modules, expert_parallel, route_counts  # noqa: E402
 
-SYSTEM = "tests/data/tiny_system.toml"
 
 
-@pytest.fixture(autouse=True)
-def _system():
-    previous = kbtorch.current_machine()
-    kbtorch.use(SYSTEM)
-    yield
-    kbtorch.use(previous)
+pytestmark = pytest.mark.usefixtures("on_tiny_system")
 
 
 def _ep_model(name):

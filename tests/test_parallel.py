@@ -29,11 +29,17 @@ class Mlp(nn.Module):
         return self.down(torch.relu(self.up(self.norm(x))))
 
 
-def test_colwise_then_rowwise_equals_cpu_and_reduces_across_chips(two_chips):
+def _twins() -> tuple:
+    """(a CPU Mlp, an input, a copy of the Mlp with the same weights to place)."""
     torch.manual_seed(0)
     ref, x = Mlp(), torch.randn(8, 64)
     model = Mlp()
     model.load_state_dict(ref.state_dict())
+    return ref, x, model
+
+
+def test_colwise_then_rowwise_equals_cpu_and_reduces_across_chips(two_chips):
+    ref, x, model = _twins()
     with kbtorch.use(two_chips):
         mesh = init_device_mesh()
         model.to("ahbm")
@@ -50,10 +56,7 @@ def test_colwise_then_rowwise_equals_cpu_and_reduces_across_chips(two_chips):
 
 
 def test_a_style_on_a_sub_mesh_replicates_across_the_other_dimension(two_chips):
-    torch.manual_seed(0)
-    ref, x = Mlp(), torch.randn(8, 64)
-    model = Mlp()
-    model.load_state_dict(ref.state_dict())
+    ref, x, model = _twins()
     with kbtorch.use(two_chips):
         mesh = init_device_mesh()
         model.to("ahbm")

@@ -15,15 +15,9 @@ from kbtorch.tensor.chips import chip_mesh  # noqa: E402
 from kbtorch.tensor.pipeline import pipeline_parallel, split_layers  # noqa: E402
 from kbtorch.tensor.stream import clock_ns  # noqa: E402
 
-SYSTEM = "tests/data/tiny_system.toml"
 
 
-@pytest.fixture(autouse=True)
-def _system():
-    previous = kbtorch.current_machine()
-    kbtorch.use(SYSTEM)
-    yield
-    kbtorch.use(previous)
+pytestmark = pytest.mark.usefixtures("on_tiny_system")
 
 
 def _pp(stages=2, microbatches=2, name="tiny-llama"):
