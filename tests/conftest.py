@@ -39,6 +39,18 @@ def _process_machine_restored():
 
 
 @pytest.fixture
+def small(tiny):
+    """The tiny machine as the process machine for one test, torch's generator seeded; the
+    shipped AHBM machine afterwards."""
+    import torch
+    from kbtorch import use
+    use(tiny)
+    torch.manual_seed(0)
+    yield tiny
+    use("ahbm")
+
+
+@pytest.fixture
 def on_tiny_system():
     """The process machine is tests/data/tiny_system.toml (4 tinychips x 4 PEs) for one test
     (``_process_machine_restored`` puts the previous one back)."""

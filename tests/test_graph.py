@@ -14,14 +14,6 @@ def _fn(w, b):
     return fn
 
 
-@pytest.fixture
-def small(tiny):
-    kbtorch.use(tiny)
-    torch.manual_seed(0)
-    yield tiny
-    kbtorch.use("ahbm")
-
-
 def test_capture_gives_eager_values_and_one_launch(small):
     w, b = torch.randn(32, 32), torch.randn(32)
     x = torch.randn(8, 32)

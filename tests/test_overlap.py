@@ -1,7 +1,6 @@
 """Graph mode's overlap pass (``kbtorch.tensor.overlap``): a sequence-parallel MLP on the
 tiny machine (8 PEs): all-gather -> column-parallel GEMM, row-parallel GEMM ->
 reduce-scatter, split into chunks whose collectives run under their neighbours' GEMMs."""
-import pytest
 import torch
 
 import kbtorch
@@ -9,14 +8,6 @@ from kbtorch.ops.contract import memory_bytes
 from kbtorch.tensor import overlap
 
 S, H, F = 256, 256, 512
-
-
-@pytest.fixture
-def small(tiny):
-    kbtorch.use(tiny)
-    torch.manual_seed(0)
-    yield tiny
-    kbtorch.use("ahbm")
 
 
 def _mlp(x, w1, w2):

@@ -46,6 +46,7 @@ from .dispatch import is_ahbm, value_of
 from .kernels import Timed, kernel_dtype, vector
 from .ops_matmul import _gemm
 from .placement import Mesh, Shard, Spec, default_spec
+from .redistribute import padded
 from .scheduler import simulate
 from .stream import CAPTURE, tracing
 from .tensor import AhbmTensor
@@ -172,7 +173,7 @@ def record_ep(machine, rows: tuple, counts: tuple, h: int, i: int, dtype: str, e
     sched = _experts(machine, rows, tuple(per_expert), h, i, dtype, eb, act)
     if sched is not None:
         result, parts, flops = sched
-        nbytes, neck, use = stream._summary(machine, result)
+        nbytes, neck, use = stream.summary(machine, result)
         stream.record("ep experts", shapes, "grouped gemm on chips", result.latency_ns, flops=flops, bytes=nbytes,
                       bottleneck=neck, usage=use, detail=f"{sum(1 for m in per_expert if m)} of "
                       f"{len(per_expert)} experts routed: {_summary(counts)}", parts=parts)
@@ -220,7 +221,7 @@ def _chip_reduce(machine, rows: tuple, nbytes: int, dtype: str, eb: int):
     """The all-reduce of ``nbytes`` inside every chip at once (None on one-PE chips)."""
     if len(rows[0]) < 2 or not nbytes:
         return None
-    elems = -(-nbytes // (eb * 2 * len(rows[0]))) * 2 * len(rows[0])
+    elems = padded(-(-nbytes // eb), len(rows[0]))
     latency, algo, result = on_groups_run("all_reduce", [tuple(r) for r in rows], nbytes=elems * eb, dtype=dtype,
                                           machine=machine)
     return latency, algo, result, elems * eb * len(rows)

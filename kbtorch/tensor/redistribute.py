@@ -63,9 +63,14 @@ def _timed(machine, kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple:
     return on_groups_run(kind, list(lines), nbytes=nbytes, dtype=dtype, machine=machine)
 
 
+def padded(numel: int, members: int) -> int:
+    """``numel`` elements padded up to the next multiple of 2 x ``members`` (the collective
+    algorithms' blocks; the padding is timed, it is what a kernel would move)."""
+    return -(-numel // (2 * members)) * 2 * members
+
+
 def _rows_result(machine, kind: str, lines: tuple, per_row: int, eb: int, dtype: str, rows: int):
-    n = len(lines[0])
-    elems = -(-rows * per_row // (2 * n)) * 2 * n
+    elems = padded(rows * per_row, len(lines[0]))
     return _timed(machine, kind, lines, elems * eb, dtype)[2]
 
 
@@ -145,7 +150,7 @@ def _record(mesh, dim: int, kind: str, label: str, shape: tuple, numel: int, eb:
     dimension ``dim`` and record it on the stream (or in the graph being captured)."""
     lines = _lines(mesh, dim)
     n = len(lines[0])
-    elems = -(-numel // (2 * n)) * 2 * n
+    elems = padded(numel, n)
     latency, algo, result = _timed(mesh.machine, kind, tuple(tuple(g) for g in lines), elems * eb, dtype)
     what = (label, (shape,), f"{kind} {algo} x{len(lines)}")
     where = f"'{mesh.names[dim]}'" if mesh.names else str(dim)

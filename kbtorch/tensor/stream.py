@@ -99,7 +99,7 @@ _SUMMARIES: dict = {}
 SUMMARIES_MAX = 4096        # NOTE: a cache size, not hardware
 
 
-def _summary(machine, r) -> tuple:
+def summary(machine, r) -> tuple:
     """(bytes, bottleneck, usage) of a run, computed once per run object.
 
     NOTE: cached kernels hand out the same run for every op of a shape, and these walk every
@@ -132,6 +132,6 @@ def record_run(machine, run) -> OpRecord | None:
     if graph is not None:
         return graph.kernel(machine, run)
     r = run.result
-    nbytes, neck, use = _summary(machine, r)
+    nbytes, neck, use = summary(machine, r)
     return record(run.name, run.shapes, run.kernel, r.latency_ns, flops=run.flops, bytes=nbytes,
                   bottleneck=neck, detail=run.detail, usage=use, timeline=r.timeline or None)
