@@ -1,5 +1,5 @@
 """Link calendars: utilisation committed by earlier trains, spare capacity for later ones."""
-from kbtorch.sim.calendar import avail, forget, occupy
+from kbtorch.sim.calendar import avail, forget, occupy, serialise
 
 
 def test_full_use_then_idle():
@@ -28,3 +28,17 @@ def test_occupy_beyond_the_end_and_forget():
     assert ts[-1] == 3000 and abs(sum((1 - u) * (b - a) for a, b, u in zip(ts, ts[1:], us)) - 1000) < 1e-9
     forget(ts, us, 1500)
     assert ts[0] == 1000
+
+
+def test_serialise_a_second_full_rate_train_behind_the_first():
+    ts, us = [], []
+    assert serialise(ts, us, 0, 0, 4, 100, now=0) == (100, 400)        # idle link: the train as it came
+    head, tail = serialise(ts, us, 0, 300, 4, 100)                     # same time, same rate: behind it
+    assert (head, tail) == (500, 800)
+
+
+def test_serialise_a_half_rate_train_leaves_room_for_another():
+    ts, us = [], []
+    serialise(ts, us, 0, 600, 4, 100, now=0)                            # 4 flits over 700 ps: under 60%
+    head, tail = serialise(ts, us, 0, 0, 2, 100)                        # fits in the gaps, not after it
+    assert tail < 700

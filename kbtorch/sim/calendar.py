@@ -13,6 +13,7 @@ last boundary the link is idle. Times are ps (floats inside, rounded up by the c
 from __future__ import annotations
 
 from bisect import bisect_right
+from math import ceil
 
 
 def forget(ts: list, us: list, now) -> None:
@@ -72,3 +73,56 @@ def _cut(ts: list, us: list, t) -> int:
         us.insert(i + 1, us[i])
         i += 1
     return i
+
+
+def serialise(ts: list, us: list, head: int, tail: int, n: int, ser: int, now=None) -> tuple[int, int]:
+    """Serialise a train of ``n`` flits of ``ser`` ps each (first flit at ``head``, last at
+    ``tail``) on a link whose calendar ``ts``/``us`` has committed use after ``head``;
+    -> (its first flit out, its last flit out).
+
+    ``now``: reservation mode, where commitments may lie before ``head``; only the past
+    before ``now`` is forgotten."""
+    if now is not None:
+        if not ts or ts[-1] <= head:
+            return _append(ts, us, head, tail, n, ser, now)
+        if head < ts[0]:
+            ts.insert(0, head)
+            us.insert(0, 0.0)
+        forget(ts, us, min(now, head))
+        if not us:
+            ts.append(head)
+            us.append(0.0)
+        head_out = ceil(avail(ts, us, head, ser))
+        tail_out = max(ceil(avail(ts, us, head, n * ser)), tail + ser)
+        occupy(ts, us, head, tail_out, n * ser)
+        return head_out, tail_out
+    if len(us) == 1 and us[0] >= 1.0:
+        end = ts[1]
+        head_out, tail_out = end + ser, max(end + n * ser, tail + ser)
+        if tail_out == end + n * ser:
+            ts[1] = tail_out
+        else:
+            ts.append(tail_out)
+            us.append(n * ser / (tail_out - end))
+        return head_out, tail_out
+    forget(ts, us, head)
+    head_out = ceil(avail(ts, us, head, ser))
+    tail_out = max(ceil(avail(ts, us, head, n * ser)), tail + ser)
+    occupy(ts, us, head, tail_out, n * ser)
+    return head_out, tail_out
+
+
+def _append(ts: list, us: list, head: int, tail: int, n: int, ser: int, now: int) -> tuple[int, int]:
+    """Reservation mode, a link idle from ``head`` on: commit the train after the calendar
+    (keeping the past a later reservation may still fill; trimmed once it is long)."""
+    tail_out = max(tail + ser, head + n * ser)
+    if ts and ts[-1] < head:
+        us.append(0.0)
+        ts.append(head)
+    elif not ts:
+        ts.append(head)
+    us.append(n * ser / (tail_out - head))
+    ts.append(tail_out)
+    if len(ts) > 64:
+        forget(ts, us, min(now, head))
+    return head + ser, tail_out

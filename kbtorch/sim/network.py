@@ -27,10 +27,9 @@ benchmark ``benchmarks/bench_network.py`` measures the error.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil
 
 from .. import limits
-from .calendar import avail, forget, occupy
+from .calendar import serialise
 from .engine import EDGE, NODE
 from .multicast import MulticastMechanics
 
@@ -345,7 +344,8 @@ class Network(MulticastMechanics):
         n, head, tail, chain, ser = tr.n, tr.head, tr.tail, tr.chain, link.flit_ps
         ts = link.ts
         if self.policy.reserve or (ts and ts[-1] > head):
-            head_out, tail_out = _shared(link, head, tail, n, ser, self.engine.now if self.policy.reserve else None)
+            head_out, tail_out = serialise(link.ts, link.us, head, tail, n, ser,
+                                               self.engine.now if self.policy.reserve else None)
             if tail_out > tail + ser:
                 cause = "queue" if link.last_corr != msg.corr else "link"
                 chain = (link.key, cause, tail_out - tail - ser, chain)
@@ -377,58 +377,6 @@ class Network(MulticastMechanics):
         if msg.pending == 0:
             eng.record(msg.corr, msg.path[-1], "done", msg.done_t, msg.done_t, msg.what)
             eng.at(msg.done_t, msg.on_done, msg.done_t, msg.done_chain)
-
-
-def _shared(link: Link, head: int, tail: int, n: int, ser: int, now=None) -> tuple[int, int]:
-    """Serialise a train on a link that has committed use after ``head``.
-
-    ``now``: reservation mode, where commitments may lie before ``head``; only the past
-    before ``now`` is forgotten."""
-    ts, us = link.ts, link.us
-    if now is not None:
-        if not ts or ts[-1] <= head:
-            return _append(ts, us, head, tail, n, ser, now)
-        if head < ts[0]:
-            ts.insert(0, head)
-            us.insert(0, 0.0)
-        forget(ts, us, min(now, head))
-        if not us:
-            ts.append(head)
-            us.append(0.0)
-        head_out = ceil(avail(ts, us, head, ser))
-        tail_out = max(ceil(avail(ts, us, head, n * ser)), tail + ser)
-        occupy(ts, us, head, tail_out, n * ser)
-        return head_out, tail_out
-    if len(us) == 1 and us[0] >= 1.0:
-        end = ts[1]
-        head_out, tail_out = end + ser, max(end + n * ser, tail + ser)
-        if tail_out == end + n * ser:
-            ts[1] = tail_out
-        else:
-            ts.append(tail_out)
-            us.append(n * ser / (tail_out - end))
-        return head_out, tail_out
-    forget(ts, us, head)
-    head_out = ceil(avail(ts, us, head, ser))
-    tail_out = max(ceil(avail(ts, us, head, n * ser)), tail + ser)
-    occupy(ts, us, head, tail_out, n * ser)
-    return head_out, tail_out
-
-
-def _append(ts: list, us: list, head: int, tail: int, n: int, ser: int, now: int) -> tuple[int, int]:
-    """Reservation mode, a link idle from ``head`` on: commit the train after the calendar
-    (keeping the past a later reservation may still fill; trimmed once it is long)."""
-    tail_out = max(tail + ser, head + n * ser)
-    if ts and ts[-1] < head:
-        us.append(0.0)
-        ts.append(head)
-    elif not ts:
-        ts.append(head)
-    us.append(n * ser / (tail_out - head))
-    ts.append(tail_out)
-    if len(ts) > 64:
-        forget(ts, us, min(now, head))
-    return head + ser, tail_out
 
 
 def arrive(tr: Train):
