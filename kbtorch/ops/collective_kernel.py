@@ -12,7 +12,11 @@ packet of a transfer:
   (fused copy), and into its own ``OUT``/``SCRATCH`` if it is kept or needed later. A fused
   write may carry part of the packet (the blocks that transfer sends on). After the
   composite the receiver returns a credit over IPCQ; a sender reuses a slot only after the
-  credit for its previous use has arrived.
+  credit for its previous use has arrived. On a sprayed machine
+  (``collective_layout.sprayed_reductions``) the slots are in the receiver's HBM (the
+  composite DMA_READs the landed packet too), a partial sum that the same step adds to again
+  stays in TCM (``acc``: the staging area), rounds are software-pipelined (``_order``) and
+  reduction sends paced (``_pace``).
 - copy: the value is written into the receiver's ``OUT`` (a DMA, or fused into the
   composite that produced it), with a remote increment of the receiver's version semaphore.
   On a machine with multicast, the copies of one packet that a member sends to several
@@ -56,7 +60,8 @@ class CollectiveKernel(KernelLayout):
     def _order(self):
         """(round, step index, step, piece) in emission order.
 
-        NOTE: pieces are taken in rounds of ``ROUND``; inside a round every step runs for all
+        NOTE: pieces are taken in rounds of ``round`` (``ROUND``; sprayed ``SPRAY_ROUND``,
+        ``collective_layout``); inside a round every step runs for all
         its pieces before the next step (so consecutive composites stream), rounds follow
         each other (NCCL's chunk loop). On a sprayed machine (``sprayed_reductions``) the
         rounds are software-pipelined instead: step ``k`` of round ``r`` comes with step 0 of

@@ -7,7 +7,8 @@
 - ``startup_ps`` (alpha_min): the longest chain of one-flit transfers that an output
   block depends on, each from the sender's TCM (the fastest place a value can be) to the
   receiver (its TCM for a reduction, then fetch, one MATH element and store; its HBM for a
-  copy) and, for the rest of one packet, its slowest link's flit time; each transfer
+  copy, and for a reduction on a sprayed machine, then into its TCM:
+  ``collective_layout.sprayed_reductions``) and, for the rest of one packet, its slowest link's flit time; each transfer
   also waits for the command that carries it: a member's
   control processor issues commands one at a time, at least one (``d_cmd`` of the smallest
   descriptor) for every step in which it sends or reduces, plus one for its first
