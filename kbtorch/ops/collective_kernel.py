@@ -111,6 +111,7 @@ class CollectiveKernel(KernelLayout):
         self.fused: set = set()
         self.split: dict = {}
         self.last_kept: dict = {}       # (member, step, round) -> (semaphore, count) of its last kept reduction
+        self.acc: dict = {}             # member -> the packet whose partial sum its TCM holds (one at a time)
         self._use_indices()
         for rnd, k, step, pieces in self._order():
             self.at = (rnd, k)
@@ -341,8 +342,10 @@ class CollectiveKernel(KernelLayout):
         if len(kept) > 1:
             raise AssertionError(f"{self.s.algo} step {at[1]}: member {r} must keep blocks {bs} in {sorted(kept)}")
         store = kept.pop() if kept else None
-        if store == spare and self.sprayed and self._next_reduce_here(at, x, bs, rest):
-            store = "acc"
+        if own_region == "acc":
+            del self.acc[r]
+        if store == spare and self.sprayed and r not in self.acc and self._next_reduce_here(at, x, bs, rest):
+            store, self.acc[r] = "acc", (bs, k0)
         self._composite(at[1], x, bs, k0, ne, own_region, fused, reduce_fused, store)
         for y, pk in fused:
             self.fused.add((id(y), pk[0], k0))
