@@ -54,14 +54,16 @@ def sprayed_reductions(machine) -> bool:
     receiver's HBM as a copy does (receive slots there: ``HBM_SLOTS`` per channel, packets
     of ``sprayed_packet``, not limited to what the TCM's slots leave). Single-path machines
     keep TCM receive slots, HBM partials and rounds one after the other (their figures as
-    they were)."""
+    they were), and so do kernels without reductions (all-gather, broadcast, all-to-all:
+    their copies already land in HBM, and larger packets serve them best)."""
     return machine.multipath
 
 
 def sprayed_packet(block_bytes: int) -> int:
-    """Default packet of a sprayed kernel: ``1 / SPRAY_PIECES`` of a block, at least 64 KiB
-    and at most 1 MiB (before the TCM limit). NOTE: enough packets per block for the rounds
-    of the software-pipelined order to overlap (``CollectiveKernel._order``)."""
+    """Default packet of a sprayed kernel (one that reduces): ``1 / SPRAY_PIECES`` of a block, at
+    least 64 KiB and at most 1 MiB (before the TCM limit). NOTE: enough packets per block
+    for the rounds of the software-pipelined order to overlap (``CollectiveKernel._order``);
+    copies alone keep ``packet_size`` (fewer, larger packets: no reductions to overlap)."""
     return max(64 * 1024, min(MAX_PACKET, block_bytes // SPRAY_PIECES))
 
 
@@ -86,7 +88,8 @@ class KernelLayout:
                  packet_bytes: int | None = None, slots: int = SLOTS, sprayed: bool | None = None):
         self.m, self.s, self.grid, self.eb, self.dtype = machine, sched, grid, elem_bytes, dtype
         self.math_op = {"sum": "add", "max": "max"}[op]
-        self.sprayed = sprayed_reductions(machine) if sprayed is None else sprayed
+        reduces = any(x.reduce for step in sched.steps for x in step)
+        self.sprayed = reduces and (sprayed_reductions(machine) if sprayed is None else sprayed)
         self.round = SPRAY_ROUND if self.sprayed else ROUND
         self.slots = HBM_SLOTS if self.sprayed and slots == SLOTS else slots
         elems = nbytes // elem_bytes
