@@ -89,3 +89,55 @@ def test_2d_over_the_whole_machine_issues_few_commands_per_step(ahbm):
     k = kernel(ahbm, "all_reduce", "2d", tuple(range(256)), 7 << 10)
     progs = k.programs()
     assert max(len(c) for c in progs.values()) <= 1.25 * len(k.s.steps)
+
+
+@pytest.fixture(scope="module")
+def sprayed_system():
+    """tests/data/tiny_system.toml with adaptive port spraying (maia200_x8's policy)."""
+    from pathlib import Path
+
+    from kbtorch.topology import load_machine
+    return load_machine(str(Path(__file__).resolve().parent / "data" / "tiny_system.toml"),
+                        overrides={"routing.policy": "port-spray", "routing.adaptive": True})
+
+
+def one_pe_per_chip(machine) -> tuple:
+    return tuple(next(p for p in range(len(machine.pes)) if machine.chip_of(p) == c) for c in range(machine.chips))
+
+
+@pytest.mark.parametrize("sprayed", [False, True])
+def test_sprayed_reductions_land_in_hbm_and_keep_a_steps_partial_sums_in_tcm(sprayed_system, sprayed):
+    """``direct`` reduce-scatter: each member adds three partial sums of its block in one step.
+    Sprayed, they land in the receiver's HBM as copies do, and only the first composite of the
+    chain reads the member's own value from HBM (the partial sums stay in TCM); else they land
+    in TCM receive slots and every composite reads the value so far from HBM."""
+    m = sprayed_system
+    grid = make_grid(m, one_pe_per_chip(m))
+    k = CollectiveKernel(m, schedule("reduce_scatter", "direct", grid), grid, 4 << 20, 2, "f16", "sum",
+                         sprayed=sprayed)
+    progs = k.programs()
+    kind = lambda loc: m.graph.nodes[loc.node]["kind"]  # noqa: E731
+    sends = [c for cmds in progs.values() for c in cmds if isinstance(c, Dma) and " red " in c.label]
+    comps = [c for cmds in progs.values() for c in cmds if isinstance(c, Composite)]
+    assert sends and len(comps) == len(sends) == 4 * 3 * len(k.pieces)
+    assert {kind(c.dst) for c in sends} == {"hbm" if sprayed else "tcm"}
+    hbm_reads = sum(kind(mv.loc) == "hbm" for c in comps for mv in c.reads)
+    # sprayed: every landed packet, plus the own value once per member and piece
+    assert hbm_reads == (len(comps) + 4 * len(k.pieces) if sprayed else len(comps))
+
+
+def test_sprayed_rounds_are_software_pipelined(sprayed_system):
+    """Sprayed, step k of round r is emitted with step 0 of round r + k (newest round first):
+    every (round, step) after its predecessors in both, all of them once."""
+    m = sprayed_system
+    grid = make_grid(m, one_pe_per_chip(m))
+    k = CollectiveKernel(m, schedule("all_reduce", "hier", grid), grid, 8 << 20, 2, "f16", "sum")
+    order = [(r, s) for r, s, _, _ in k._order()]
+    steps, rounds = len(k.s.steps), -(-len(k.pieces) // k.round)
+    assert rounds > 2 and sorted(order) == [(r, s) for r in range(rounds) for s in range(steps)]
+    at = {rs: i for i, rs in enumerate(order)}
+    assert all(at[(r, s)] > at[(r, s - 1)] for r, s in order if s)
+    assert all(at[(r, s)] > at[(r - 1, s)] for r, s in order if r)
+    assert at[(1, 0)] < at[(0, 1)]
+    plain = CollectiveKernel(m, k.s, grid, 8 << 20, 2, "f16", "sum", sprayed=False)
+    assert [(r, s) for r, s, _, _ in plain._order()][:steps] == [(0, s) for s in range(steps)]

@@ -312,3 +312,25 @@ def test_grids_of_other_groups(ahbm, torus6):
     assert across.dims == (3, 2) and sorted(across.order) == list(range(6))
     odd = grid_of(ahbm, "7,3,5")
     assert odd.pes == (7, 3, 5) and sorted(odd.order) == [0, 1, 2]
+
+
+def test_hier_reduce_scatter_between_chips_is_the_all_gather_backwards():
+    """Between chips (one PE per chip of tiny_system: tray and switch dimensions) ``hier``'s
+    reduce-scatter sends each pair the all-gather's blocks the other way, so each link carries
+    what it carries in the all-gather; the all-reduce is the two in turn."""
+    from pathlib import Path
+    system = load_machine(str(Path(__file__).resolve().parent / "data" / "tiny_system.toml"))
+    grid = make_grid(system, tuple(next(p for p in range(len(system.pes)) if system.chip_of(p) == c)
+                                   for c in range(system.chips)))
+    assert grid.inner == 0 and len(grid.dims) == 2
+    rs, ag, ar = (schedule(kind, "hier", grid) for kind in ("reduce_scatter", "all_gather", "all_reduce"))
+    for sched in (rs, ag, ar):
+        verify(sched)
+    assert all(x.reduce for step in rs.steps for x in step)
+    pairs = lambda sched, back: sorted((x.dst, x.src, x.blocks) if back else (x.src, x.dst, x.blocks)  # noqa: E731
+                                       for step in sched.steps for x in step)
+    assert pairs(rs, True) == pairs(ag, False)
+    assert ar.steps == rs.steps + ag.steps
+    shards = [torch.randn(4 * 6) for _ in range(4)]
+    for got, want in zip(reference(rs, shards), torch_reference("reduce_scatter", shards)):
+        torch.testing.assert_close(got, want)

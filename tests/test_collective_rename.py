@@ -23,7 +23,8 @@ def _lines(m, k):
 @pytest.mark.parametrize("name,k,kind,algo,nbytes", [
     (SYSTEM, 4, "all_reduce", "bidir-ring", 64 * 1024), (SYSTEM, 2, "all_gather", "direct", 4 * 8192),
     (SYSTEM, 4, "reduce_scatter", "ring", 4 * 16384), ("maia200_x8", 4, "all_reduce", "bidir-ring", 2**20),
-    ("maia200_x8", 2, "all_reduce", "tree", 2**20), ("maia200_x8", 4, "all_gather", "direct", 8 * 2**16)])
+    ("maia200_x8", 2, "all_reduce", "tree", 2**20), ("maia200_x8", 4, "all_gather", "direct", 8 * 2**16),
+    ("maia200_x8", 2, "all_reduce", "hier", 2**22)])
 def test_renamed_line_equals_its_build(name, k, kind, algo, nbytes):
     m = load_machine(name)
     lines = _lines(m, k)

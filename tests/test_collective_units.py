@@ -89,3 +89,40 @@ def test_bench_alltoall_cli(capsys):
                  "--group", "across:chip:2", "--check"]) == 0
     out = capsys.readouterr().out
     assert "4 (group across:chip:2)" in out and "allclose yes" in out
+
+
+@pytest.fixture(scope="module")
+def sprayed():
+    """tiny_system with adaptive port spraying (maia200_x8's policy)."""
+    return load_machine(str(DATA / "tiny_system.toml"), overrides={"routing.policy": "port-spray",
+                                                                    "routing.adaptive": True})
+
+
+def _network_load(machine, run) -> float:
+    """The busiest chip-to-chip link's load (ps) of a run's programs (the bound's model)."""
+    from kbtorch.sim.resources import resource_ps
+    busy = resource_ps(machine, run.result.programs)
+    return max(v for k, v in busy.items() if isinstance(k, tuple) and machine.graph.edges[k]["kind"].startswith("eth"))
+
+
+def test_sprayed_hier_reduce_scatter_loads_the_network_as_the_all_gather(sprayed):
+    """Same per-chip blocks: ``hier``'s reduce-scatter between chips (the all-gather backwards)
+    loads the busiest link as the all-gather does, the all-reduce as both; the pipelined,
+    paced kernel of several rounds runs to the end (more than half of its bound)."""
+    block = 1 << 20
+    runs = {kind: collective(kind, group="across:chip", algo="hier", machine=sprayed, nbytes=n, dtype="f16")
+            for kind, n in (("all_gather", 4 * block), ("reduce_scatter", 4 * block), ("all_reduce", 4 * block))}
+    ag, rs, ar = (_network_load(sprayed, runs[k]) for k in ("all_gather", "reduce_scatter", "all_reduce"))
+    assert rs == pytest.approx(ag, rel=0.02) and ar == pytest.approx(ag + rs, rel=0.02)
+    assert all(r.pct_bound > 50 for r in runs.values()), {k: r.pct_bound for k, r in runs.items()}
+
+
+@pytest.mark.parametrize("kind,numel", [("reduce_scatter", 4 * 1536), ("all_reduce", 6000)])
+def test_sprayed_hier_numerics_equal_torch_and_single_path(system, sprayed, kind, numel):
+    gen = torch.Generator().manual_seed(numel)
+    shards = [torch.randn(numel, generator=gen) for _ in range(4)]
+    runs = [collective(kind, [s.clone() for s in shards], group="across:chip", algo="hier", machine=m)
+            for m in (system, sprayed)]
+    for run in runs:
+        assert _same(run, shards, kind)
+    assert all(torch.equal(a, b) for a, b in zip(runs[0].outputs, runs[1].outputs))

@@ -12,7 +12,11 @@ packet of a transfer:
   (fused copy), and into its own ``OUT``/``SCRATCH`` if it is kept or needed later. A fused
   write may carry part of the packet (the blocks that transfer sends on). After the
   composite the receiver returns a credit over IPCQ; a sender reuses a slot only after the
-  credit for its previous use has arrived.
+  credit for its previous use has arrived. On a sprayed machine
+  (``collective_layout.sprayed_reductions``) the slots are in the receiver's HBM (the
+  composite DMA_READs the landed packet too), a partial sum that the same step adds to again
+  stays in TCM (``acc``: the staging area), rounds are software-pipelined (``_order``) and
+  reduction sends paced (``_pace``).
 - copy: the value is written into the receiver's ``OUT`` (a DMA, or fused into the
   composite that produced it), with a remote increment of the receiver's version semaphore.
   On a machine with multicast, the copies of one packet that a member sends to several
@@ -33,9 +37,10 @@ from collections import Counter
 from ..sim.commands import Move, Signal, Wait
 from ..sim.components.dma import data_path
 from ..sim.multicast import MulticastError, can_multicast, tree
-from .collective_layout import ROUND, KernelLayout
+from .collective_layout import KernelLayout
 
 MAX_WRITES = 3          # NOTE: a kernel choice (writes per composite), not hardware
+PACE_ROUNDS = 2         # NOTE: a kernel choice: rounds of step 0 in flight when paced (``_pace``)
 
 
 class _TooManyWaits(Exception):
@@ -55,16 +60,26 @@ class CollectiveKernel(KernelLayout):
     def _order(self):
         """(round, step index, step, piece) in emission order.
 
-        NOTE: pieces are taken in rounds of ``ROUND``; inside a round every step runs for all
+        NOTE: pieces are taken in rounds of ``round`` (``ROUND``; sprayed ``SPRAY_ROUND``,
+        ``collective_layout``); inside a round every step runs for all
         its pieces before the next step (so consecutive composites stream), rounds follow
-        each other (NCCL's chunk loop). Every wait points to an earlier (round, step) or to
-        an earlier command of the same engine queue, so no schedule can deadlock: a fused
-        forward that needs a credit is only fused if that credit is for a slot use of an
-        earlier (round, step) (see ``_can_fuse``).
+        each other (NCCL's chunk loop). On a sprayed machine (``sprayed_reductions``) the
+        rounds are software-pipelined instead: step ``k`` of round ``r`` comes with step 0 of
+        round ``r + k`` (a wavefront, newest round first), so that a round's later steps,
+        which wait for its earlier ones across the network, do not hold the next rounds'
+        sends back in the engines' in-order queues. Every wait points to an earlier
+        (round, step) of this order or to an earlier command of the same engine queue, so no
+        schedule can deadlock: a fused forward that needs a credit is only fused if that
+        credit is for a slot use of an earlier (round, step) (see ``_can_fuse``).
         """
-        for r0 in range(0, len(self.pieces), ROUND):
-            for k, step in enumerate(self.s.steps):
-                yield r0 // ROUND, k, step, self.pieces[r0:r0 + ROUND]
+        steps, size = self.s.steps, self.round
+        rounds = -(-len(self.pieces) // size)
+        if not self.sprayed:
+            order = [(r, k) for r in range(rounds) for k in range(len(steps))]
+        else:
+            order = [(d - k, k) for d in range(rounds + len(steps) - 1) for k in range(len(steps)) if 0 <= d - k < rounds]
+        for r, k in order:
+            yield r, k, steps[k], self.pieces[r * size:(r + 1) * size]
 
     def _each(self, step, pieces):
         """(xfer, blocks of a packet, piece start, piece elements) of a step, in order."""
@@ -95,8 +110,11 @@ class CollectiveKernel(KernelLayout):
         self.count: Counter = Counter()
         self.fused: set = set()
         self.split: dict = {}
+        self.last_kept: dict = {}       # (member, step, round) -> (semaphore, count) of its last kept reduction
+        self.acc: dict = {}             # member -> the packet whose partial sum its TCM holds (one at a time)
         self._use_indices()
         for rnd, k, step, pieces in self._order():
+            self.at = (rnd, k)
             sends = [(x, bs, k0, ne) for x, bs, k0, ne in self._each(step, pieces) if (id(x), bs[0], k0) not in self.fused]
             for group in (multicast_copies(self.m, self.grid.pes, sends, self.tree_log) if self.multicast
                           else ([s] for s in sends)):
@@ -121,15 +139,34 @@ class CollectiveKernel(KernelLayout):
 
     def _use_indices(self) -> None:
         """Number every slot use of every channel in emission order: ``use_of[(id(xfer),
-        first block, piece)]`` and ``use_pos[(src, dst)][j]`` = its (round, step)."""
-        self.use_of, self.use_pos = {}, {}
-        for rnd, k, step, pieces in self._order():
+        first block, piece)]`` and ``use_pos[(src, dst)][j]`` = the place of its (round, step)
+        in emission order (``place``)."""
+        self.use_of, self.use_pos, self.place = {}, {}, {}
+        for i, (rnd, k, step, pieces) in enumerate(self._order()):
+            self.place[(rnd, k)] = i
             for x, bs, k0, _ in self._each(step, pieces):
                 if x.reduce:
                     pos = self.use_pos.setdefault((x.src, x.dst), [])
                     self.use_of[(id(x), bs[0], k0)] = len(pos)
-                    pos.append((rnd, k))
+                    pos.append(i)
         self.chan_total = {c: len(v) for c, v in self.use_pos.items()}
+
+    def _pace(self, m: int, at: tuple) -> tuple:
+        """The wait that paces member ``m``'s reduction sends of (round, step) ``at`` on a
+        sprayed machine: step ``k`` of round ``r`` starts once the member's reductions of
+        step ``k - 1`` of that round are done (the last of them that keeps its result,
+        ``last_kept``), step 0 once those of step 0 of round ``r - PACE_ROUNDS`` are (no
+        wait if there are none).
+
+        NOTE: a send whose value is already there (an input) would otherwise leave at once;
+        sprayed, it takes a share of every port, the switch ports too, while the transfers
+        that can only cross the switch (the partial sums a chip forwards to the other tray)
+        come later, behind it in the port's queue. Paced, each round's step runs together
+        with what it depends on, so the spray splits the step's own traffic: a self-clocked
+        window, as NCCL's per-step FIFO of a channel."""
+        r, k = at
+        got = self.last_kept.get((m, k - 1, r) if k else (m, 0, r - PACE_ROUNDS))
+        return (Wait(*got, 0),) if got else ()
 
     # ---- value versions -----------------------------------------------------------------
     @staticmethod
@@ -187,7 +224,7 @@ class CollectiveKernel(KernelLayout):
     def _can_fuse(self, y, b: int, k0: int, at: tuple) -> bool:
         """Whether reduce send ``y`` may be fused into a composite at (round, step) ``at``."""
         j = self.use_of[(id(y), b, k0)]
-        return j < self.slots or self.use_pos[(y.src, y.dst)][j - self.slots] < at
+        return j < self.slots or self.use_pos[(y.src, y.dst)][j - self.slots] < self.place[at]
 
     def _credit_wait(self, x, b: int, k0: int):
         j = self.use_of[(id(x), b, k0)]
@@ -216,6 +253,8 @@ class CollectiveKernel(KernelLayout):
             waits = (self._credit_wait(x, part[0], k0) if x.reduce else ()) + self._version_wait(x.src, part, k0)
             if len(waits) > 2:
                 raise _TooManyWaits
+            if x.reduce and self.sprayed and len(waits) < 2:
+                waits += self._pace(x.src, self.at)
             self.ctx[x.src].dma_write(self.span(x.src, region, part, k0), loc, len(part) * ne * self.eb, wait=waits,
                                       notify=(note,), label=f"s{k} {'red' if x.reduce else 'copy'} b{part[0]}"
                                       f"{'' if len(part) == 1 else f'-{part[-1]}'}.{k0} to {x.dst}")
@@ -303,10 +342,27 @@ class CollectiveKernel(KernelLayout):
         if len(kept) > 1:
             raise AssertionError(f"{self.s.algo} step {at[1]}: member {r} must keep blocks {bs} in {sorted(kept)}")
         store = kept.pop() if kept else None
+        if own_region == "acc":
+            del self.acc[r]
+        if store == spare and self.sprayed and r not in self.acc and self._next_reduce_here(at, x, bs, rest):
+            store, self.acc[r] = "acc", (bs, k0)
         self._composite(at[1], x, bs, k0, ne, own_region, fused, reduce_fused, store)
         for y, pk in fused:
             self.fused.add((id(y), pk[0], k0))
         self._produce(r, bs, k0, store)
+        if store:
+            self.last_kept[(r, at[1], at[0])] = self.ready[(r, bs[0], k0)]
+
+    def _next_reduce_here(self, at: tuple, x, bs: tuple, rest: dict) -> bool:
+        """Whether the next use of every block of ``bs`` at ``x``'s receiver is a reduction of
+        the same packet in the same step (the partial sum is needed by that composite only)."""
+        for b in bs:
+            if not rest[b]:
+                return False
+            k, role, y = rest[b][0]
+            if k != at[1] or role != 1 or not y.reduce or self.packet_of(y, b) != bs:
+                return False
+        return True
 
     def _composite(self, k, x, bs, k0, ne, own_region, fused, reduce_fused, store) -> None:
         r, src = x.dst, x.src
@@ -323,14 +379,16 @@ class CollectiveKernel(KernelLayout):
             loc, note = self._target(y, pk, k0)
             writes.append(Move(loc, len(pk) * ne * self.eb, len(pk) * ne * self.eb))
             notes.append(note)
-        if store and store != "tcm":
+        if store and store not in ("tcm", "acc"):
             writes.append(Move(self.span(r, store, bs, k0), te, te))
         signals = []
         if j + self.slots < self.chan_total[(src, r)]:
             signals.append(Signal(f"k{src}"))
         if store:
             signals.append(Signal(self._name(bs, k0)))
-        reads = () if own_region == "tcm" else (Move(self.span(r, own_region, bs, k0), te, te),)
+        reads = () if own_region in ("tcm", "acc") else (Move(self.span(r, own_region, bs, k0), te, te),)
+        if self.sprayed:
+            reads += (Move(self.slot(src, r, j)[0], te, te),)
         ctx.composite(tiles=1, staging=ctx.buffer("staging").loc(), engine="math", dtype=self.dtype,
                       reads=reads, fetch_bytes=2 * te, flops=self.m.math_flops(self.math_op, ctx.pe) * (te // self.eb), store_bytes=te, writes=tuple(writes),
                       wait=waits, signal=tuple(signals), notify=tuple(notes),

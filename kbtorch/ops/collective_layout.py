@@ -22,12 +22,49 @@ from .layout import page_align, tcm_budget, tcm_granule
 # and the page come from the machine, through ``layout``).
 ROUND = 4
 SLOTS = 2 * ROUND + 1
+#: Receive slots per channel in HBM (``sprayed_reductions``): the rounds in flight of the
+#: software-pipelined order (``CollectiveKernel._order``).
+HBM_SLOTS = 4 * ROUND + 1
+#: Pieces per round of the software-pipelined order (``sprayed_reductions``).
+SPRAY_ROUND = 2
+#: Sprayed: a block is cut into at least this many packets (``sprayed_packet``).
+SPRAY_PIECES = 32
 MAX_PACKET = 2**20
 #: Up to this many bytes per member, values between steps stay in a TCM buffer instead of
 #: HBM scratch (small collectives are latency-bound: no HBM round trip per step).
 TCM_VALUES = 256 * 1024
 #: Packets of the composite staging area in TCM.
 STAGING_PACKETS = 4
+
+
+def sprayed_reductions(machine) -> bool:
+    """Whether the kernel runs as on a machine that sprays packets over its ports (``[routing]``
+    policy other than single): reductions land in HBM, a step's partial sums stay in TCM,
+    rounds are software-pipelined and reduction sends paced (``CollectiveKernel._order``,
+    ``_pace``).
+
+    NOTE: sprayed, a chip's ports take in its whole port bandwidth (Maia 200: 1400 GB/s of
+    ANCs, against the 4 x 512 GB/s NoC links of the 4 tiles of ``across:chip:4``). A
+    reduction crosses its receiving tile's link more than a copy does (the landed packet
+    and the receiver's own value in, the sum out): written to HBM scratch and read back
+    per sender, the partial sums of a step with several senders (hier's reduce-scatter: 3
+    tray peers, then 4 chips) made the tiles' links carry 1.4 x the ANC link's share
+    during the reduce-scatter. So a partial sum that the next composite of the same step
+    adds to again stays in TCM (the staging area); a reduction's packet lands in the
+    receiver's HBM as a copy does (receive slots there: ``HBM_SLOTS`` per channel, packets
+    of ``sprayed_packet``, not limited to what the TCM's slots leave). Single-path machines
+    keep TCM receive slots, HBM partials and rounds one after the other (their figures as
+    they were), and so do kernels without reductions (all-gather, broadcast, all-to-all:
+    their copies already land in HBM, and larger packets serve them best)."""
+    return machine.multipath
+
+
+def sprayed_packet(block_bytes: int) -> int:
+    """Default packet of a sprayed kernel (one that reduces): ``1 / SPRAY_PIECES`` of a block, at
+    least 64 KiB and at most 1 MiB (before the TCM limit). NOTE: enough packets per block
+    for the rounds of the software-pipelined order to overlap (``CollectiveKernel._order``);
+    copies alone keep ``packet_size`` (fewer, larger packets: no reductions to overlap)."""
+    return max(64 * 1024, min(MAX_PACKET, block_bytes // SPRAY_PIECES))
 
 
 def packet_size(xfer_bytes: int) -> int:
@@ -48,10 +85,13 @@ class KernelLayout:
     ``grid`` with ``nbytes`` per member."""
 
     def __init__(self, machine, sched: Schedule, grid, nbytes: int, elem_bytes: int, dtype: str, op: str,
-                 packet_bytes: int | None = None, slots: int = SLOTS):
+                 packet_bytes: int | None = None, slots: int = SLOTS, sprayed: bool | None = None):
         self.m, self.s, self.grid, self.eb, self.dtype = machine, sched, grid, elem_bytes, dtype
         self.math_op = {"sum": "add", "max": "max"}[op]
-        self.slots = slots
+        reduces = any(x.reduce for step in sched.steps for x in step)
+        self.sprayed = reduces and (sprayed_reductions(machine) if sprayed is None else sprayed)
+        self.round = SPRAY_ROUND if self.sprayed else ROUND
+        self.slots = HBM_SLOTS if self.sprayed and slots == SLOTS else slots
         elems = nbytes // elem_bytes
         if nbytes % elem_bytes or elems % sched.blocks:
             raise CollectiveError(f"{sched.algo} {sched.kind}: {nbytes} bytes per member ({elems} elements of "
@@ -95,12 +135,13 @@ class KernelLayout:
         cap = self.m.capacity("tcm", self.grid.pes[0])
         chans = max(len(c) for c in self.chan_in) or 1
         granule = tcm_granule(self.m, self.grid.pes[0])
-        fit = tcm_budget(self.m, self.grid.pes[0]) // (chans * self.slots + STAGING_PACKETS) // granule * granule
+        in_tcm = 0 if self.sprayed else chans * self.slots
+        fit = tcm_budget(self.m, self.grid.pes[0]) // (in_tcm + STAGING_PACKETS) // granule * granule
         most = largest_xfer_blocks(self.s) * self.block_elems
-        want = packet_bytes or packet_size(most * self.eb)
+        want = packet_bytes or (sprayed_packet(self.block_elems * self.eb) if self.sprayed else packet_size(most * self.eb))
         if packet_bytes and packet_bytes > fit:
-            raise CollectiveError(f"packet_bytes={packet_bytes}: {chans} receive channels x {self.slots} slots "
-                                  f"do not fit the TCM ({cap} bytes); at most {fit}")
+            what = f"{chans} receive channels x {self.slots} slots" if in_tcm else f"{STAGING_PACKETS} staging packets"
+            raise CollectiveError(f"packet_bytes={packet_bytes}: {what} do not fit the TCM ({cap} bytes); at most {fit}")
         elems = max(1, min(want, fit) // self.eb)
         if elems >= self.block_elems:
             return min(elems // self.block_elems * self.block_elems, most)
@@ -115,13 +156,18 @@ class KernelLayout:
         if s.kind in ("all_reduce", "reduce_scatter"):
             sizes["out"] = out_bytes
         sizes.update(scr0=self.nbytes, scr1=self.nbytes)
-        self.regions = [self._regions(ctx, sizes) for ctx in self.ctx]
+        slot_bytes = [len(c) * self.slots * self.packet_elems * eb for c in self.chan_in]
+        # NOTE: a sprayed machine's reductions land in HBM receive slots (``sprayed_reductions``).
+        self.regions = [self._regions(ctx, dict(sizes, **({"slots": n} if n and self.sprayed else {})))
+                        for ctx, n in zip(self.ctx, slot_bytes)]
         self.in_tcm = self.nbytes <= TCM_VALUES
         self.slot0, self.val0 = [], []
         for r, ctx in enumerate(self.ctx):
             ctx.tcm("staging", STAGING_PACKETS * self.packet_elems * eb)
-            if self.chan_in[r]:
-                self.slot0.append(ctx.tcm("receive slots", len(self.chan_in[r]) * self.slots * self.packet_elems * eb).addr)
+            if self.chan_in[r] and self.sprayed:
+                self.slot0.append(self.regions[r]["slots"].addr)
+            elif self.chan_in[r]:
+                self.slot0.append(ctx.tcm("receive slots", slot_bytes[r]).addr)
             else:
                 self.slot0.append(0)
             self.val0.append(ctx.tcm("values", self.nbytes).addr if self.in_tcm else 0)
@@ -141,6 +187,8 @@ class KernelLayout:
     def hbm(self, r: int, region: str, b: int, k: int) -> Loc:
         if region == "tcm":
             return Loc(self.tcm_of[r], self.val0[r] + (b * self.block_elems + k) * self.eb)
+        if region == "acc":
+            return self.ctx[r].buffer("staging").loc()
         if region == "out" and self.s.kind == "reduce_scatter":
             b = self.s.keeps[r].index(b)
         return self.regions[r][region].loc((b * self.block_elems + k) * self.eb)
@@ -156,9 +204,11 @@ class KernelLayout:
         return first
 
     def slot(self, src: int, dst: int, use: int) -> tuple[Loc, int]:
-        """(TCM address, slot number) of use ``use`` of channel src -> dst."""
+        """(address, slot number) of use ``use`` of channel src -> dst: in the receiver's TCM,
+        or its HBM (``sprayed``)."""
         i = self.chan_in[dst][src] * self.slots + use % self.slots
-        return Loc(self.tcm_of[dst], self.slot0[dst] + i * self.packet_elems * self.eb), i
+        where = self.ctx[dst].hbm_node if self.sprayed else self.tcm_of[dst]
+        return Loc(where, self.slot0[dst] + i * self.packet_elems * self.eb), i
 
     def packets(self, x) -> list:
         """The block tuples of ``x``'s packets: runs of consecutive block ids inside one

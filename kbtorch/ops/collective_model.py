@@ -7,7 +7,8 @@
 - ``startup_ps`` (alpha_min): the longest chain of one-flit transfers that an output
   block depends on, each from the sender's TCM (the fastest place a value can be) to the
   receiver (its TCM for a reduction, then fetch, one MATH element and store; its HBM for a
-  copy) and, for the rest of one packet, its slowest link's flit time; each transfer
+  copy, and for a reduction on a sprayed machine, then into its TCM:
+  ``collective_layout.sprayed_reductions``) and, for the rest of one packet, its slowest link's flit time; each transfer
   also waits for the command that carries it: a member's
   control processor issues commands one at a time, at least one (``d_cmd`` of the smallest
   descriptor) for every step in which it sends or reduces, plus one for its first
@@ -35,6 +36,7 @@ from ..sim.components.dma import data_path, data_paths
 from ..sim.multicast import tree
 from ..sim.resources import resource_ps, spread  # noqa: F401 (resource_ps: part of this module's models)
 from .collective_kernel import _tree_ok
+from .collective_layout import sprayed_reductions
 
 
 def describe(resource) -> str:
@@ -47,12 +49,21 @@ def _head_ps(machine, path: tuple) -> int:
     return sum(g.edges[u, v]["flit_ps"] + g.edges[u, v]["prop_ps"] + g.nodes[v]["overhead_ps"] for u, v in zip(path, path[1:]))
 
 
+def _landing(machine, d, reduce: bool) -> str:
+    """Where a transfer's packet lands at receiver ``d`` (PE info): a copy in its HBM, a
+    reduction in its TCM receive slots, or its HBM ones (``sprayed_reductions``)."""
+    return d.node("tcm") if reduce and not sprayed_reductions(machine) else d.hbm
+
+
 def _xfer_alpha(machine, src_pe: int, dst_pe: int, reduce: bool) -> int:
     """One flit of a transfer, from the sender's TCM to the receiver (see the docstring)."""
     s, d = machine.pes[src_pe], machine.pes[dst_pe]
     tcm = d.node("tcm")
-    t = _head_ps(machine, data_path(machine, s.node("tcm"), tcm if reduce else d.hbm))
+    end = _landing(machine, d, reduce)
+    t = _head_ps(machine, data_path(machine, s.node("tcm"), end))
     if reduce:
+        if end != tcm:
+            t += _head_ps(machine, data_path(machine, end, tcm))
         math = d.node("math")
         t += _head_ps(machine, (tcm, math)) + _head_ps(machine, (math, tcm)) + 1
     return t
@@ -61,7 +72,7 @@ def _xfer_alpha(machine, src_pe: int, dst_pe: int, reduce: bool) -> int:
 def _xfer_beta(machine, src_pe: int, dst_pe: int, reduce: bool) -> int:
     """The flit time (ps) of the slowest link on a transfer's data path."""
     s, d = machine.pes[src_pe], machine.pes[dst_pe]
-    src, dst = s.node("tcm"), d.node("tcm") if reduce else d.hbm
+    src, dst = s.node("tcm"), _landing(machine, d, reduce)
     if machine.multipath:
         # NOTE: a sprayed packet streams over all its paths at once: their summed bandwidth.
         paths = data_paths(machine, src, dst)
@@ -230,9 +241,11 @@ def _xfer_edges(machine, src: int, dst: int, reduce: bool) -> tuple:
     step's ``resources.spread`` splits it), else None."""
     g = machine.graph
     s, d = machine.pes[src], machine.pes[dst]
-    end = d.node("tcm") if reduce else d.hbm
+    end = _landing(machine, d, reduce)
     own = data_path(machine, d.hbm, d.node("tcm")) if reduce else ()
     out = [(e, g.edges[e]["flit_ps"]) for e in zip(own, own[1:])]
+    if reduce and end == d.hbm:
+        out *= 2        # NOTE: the landed packet is read into TCM as the own value is
     if machine.multipath:
         paths = data_paths(machine, s.hbm, end)
         if machine.routing.adaptive and len(paths) > 1:

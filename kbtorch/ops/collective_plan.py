@@ -24,9 +24,9 @@ Algorithms (``ALGOS``):
   dimension (on a system of chips: inside each chip), recursive doubling of each share
   across the lines (chips), all-gather back; between chips (no grid dimension inside a
   chip) the all-gather sends directly along each grid dimension, outer first, forwarding
-  what arrived along the dimensions below, and the all-reduce is that all-gather run
-  backwards as a reduce-scatter, then forwards (other kinds, and all-gathers inside a chip,
-  as ``2d``).
+  what arrived along the dimensions below, the reduce-scatter is that all-gather run
+  backwards, and the all-reduce is the reduce-scatter, then the all-gather (other kinds,
+  and all three inside a chip, as ``2d``).
 
 All-to-all (``all_to_all``, MoE dispatch and combine): member ``s`` holds ``n`` blocks, block
 ``s * n + d`` for member ``d``; member ``d`` keeps blocks ``s * n + d`` in source order
@@ -284,18 +284,19 @@ def hierarchical(kind: str, grid, root: int) -> tuple[int, list]:
     all-reduce of block ``i`` by recursive doubling among the members at position ``i``
     (snake order), then all-gather back inside each line. Only a line's share of the data
     crosses between lines. Between chips (``grid.inner == 0``): an all-gather is
-    ``_dims_direct_ag``, an all-reduce the same backwards (reduce-scatter) then forwards.
+    ``_dims_direct_ag``, a reduce-scatter the same backwards, an all-reduce both.
     Other kinds, and one-dimensional groups, as ``2d``."""
     inner = grid.inner
-    if kind in ("all_gather", "all_reduce") and len(grid.dims) > 1 and grid.inner == 0:
+    if kind in ("all_gather", "all_reduce", "reduce_scatter") and len(grid.dims) > 1 and grid.inner == 0:
         # NOTE: between chips only (no grid dimension inside a chip); inside a chip as 2d.
         ag = _dims_direct_ag(grid)
         if kind == "all_gather":
             return len(grid.order), ag
         # the reduce-scatter is the all-gather run backwards: each transfer sends the partial
-        # sum of the members its copy reached, the receiver adds it
+        # sum of the members its copy reached, the receiver adds it (so each link carries
+        # the all-gather's blocks, the other way)
         rs = [[Xfer(x.dst, x.src, x.blocks, True) for x in step] for step in reversed(ag)]
-        return len(grid.order), rs + ag
+        return len(grid.order), rs + (ag if kind == "all_reduce" else [])
     if kind == "all_to_all" and len(grid.dims) > 1:
         return _a2a_dims(grid, [list(range(inner)), list(range(inner, len(grid.dims)))])
     if kind != "all_reduce" or len(grid.dims) < 2 or inner == len(grid.dims):

@@ -16,7 +16,9 @@ the collective over the units' whole buffers (checked against torch in the tests
 chip), as the engines that drive its network: fewer lines, fewer trains to simulate.
 NOTE: a chip's network is driven by its DMA engines, not by every core; K PEs whose DMA ports
 together exceed the chip's port bandwidth move the same bytes in the same time (Maia 200:
-4 tiles x 512 GB/s > 1400 GB/s of ANCs).
+4 tiles x 512 GB/s > 1400 GB/s of ANCs). A reduction crosses its tile's NoC link more than a
+copy; on a sprayed machine the kernel keeps that below the ports' share
+(``collective_layout.sprayed_reductions``).
 """
 from __future__ import annotations
 
