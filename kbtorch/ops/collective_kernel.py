@@ -21,7 +21,7 @@ packet of a transfer:
   composite that produced it), with a remote increment of the receiver's version semaphore.
   On a machine with multicast, the copies of one packet that a member sends to several
   receivers in one step (``direct`` all-gather and broadcast) are ONE multicast command
-  when their tree splits only at multicast routers (``multicast_copies``).
+  when their tree splits only at multicast routers (``collective_multicast``).
 
 Semaphores: ``x{src}.{slot}`` (arrivals in a slot), ``c{dst}`` (credits from a receiver),
 ``k{src}`` (slot of that sender consumed), ``v{block}.{piece}`` or ``v{first}-{last}.{piece}``
@@ -35,9 +35,8 @@ from __future__ import annotations
 from collections import Counter
 
 from ..sim.commands import Move, Signal, Wait
-from ..sim.components.dma import data_path
-from ..sim.multicast import MulticastError, can_multicast, tree
 from .collective_layout import KernelLayout
+from .collective_multicast import _tree_ok, multicast_copies
 
 MAX_WRITES = 3          # NOTE: a kernel choice (writes per composite), not hardware
 PACE_ROUNDS = 2         # NOTE: a kernel choice: rounds of step 0 in flight when paced (``_pace``)
@@ -395,41 +394,3 @@ class CollectiveKernel(KernelLayout):
                       label=f"s{k} {self.math_op} b{bs[0]}{'' if len(bs) == 1 else f'-{bs[-1]}'}.{k0} from {src}")
         if signals and signals[0].sem == f"k{src}":
             ctx.send(self.grid.pes[src], f"c{r}", wait=f"k{src}", label=f"credit to {src}")
-
-
-def multicast_copies(machine, pes: tuple, sends: list, log: set | None = None) -> list:
-    """``sends`` ((xfer, blocks, piece, elements), in order) grouped: the copies of the same
-    packet from the same member, when the tree from its HBM to the receivers' HBMs splits only
-    at multicast routers, form one group (at the place of the first); the rest stay alone.
-    ``log`` collects every (member, receivers, one tree?) asked."""
-    groups, at = [], {}
-    for s in sends:
-        x, bs, k0, _ = s
-        if x.reduce:
-            groups.append([s])
-            continue
-        key = (x.src, bs, k0)
-        if key in at:
-            groups[at[key]].append(s)
-        else:
-            at[key] = len(groups)
-            groups.append([s])
-    out = []
-    for g in groups:
-        ok = len(g) == 1 or _tree_ok(machine, pes[g[0][0].src], tuple(pes[y.dst] for y, *_ in g))
-        if len(g) > 1 and log is not None:
-            log.add((g[0][0].src, tuple(y.dst for y, *_ in g), ok))
-        if ok:
-            out.append(g)
-        else:
-            out.extend([s] for s in g)
-    return out
-
-
-def _tree_ok(machine, src: int, dsts: tuple) -> bool:
-    """Whether member PE ``src``'s HBM reaches the HBMs of ``dsts`` by one multicast tree."""
-    try:
-        root = tree([data_path(machine, machine.pes[src].hbm, machine.pes[d].hbm) for d in dsts])
-    except MulticastError:
-        return False
-    return can_multicast(machine, root)
