@@ -10,7 +10,7 @@ bandwidth follows nccl-tests too: ``algbw * 2(n-1)/n`` (all-reduce), ``* (n-1)/n
 
 ``algo="auto"`` picks, like NCCL's tuner, the algorithm with the least predicted time: the
 step-by-step alpha-beta estimate of ``collective_model`` for every algorithm that applies
-to this group and payload.
+to this group and payload (``collective_choice``).
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from ..kernel import run_programs
 from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, dtype_of, register
 from . import collective_model as model
 from . import collective_units as units
+from .collective_choice import estimates, padded_bytes
 from .collective_group import make_grid, resolve_group
 from .collective_kernel import CollectiveKernel
-from .collective_layout import largest_xfer_blocks, packet_size
 from .layout import page_align
 from .collective_plan import ALGOS, KINDS, OPS, ORDERS, CollectiveError, reference, schedule
 
@@ -55,7 +55,6 @@ COARSE_COMMANDS = 50_000
 # (2.5 M events, 13-17 s fast; coarse 3.4 s, -1.9%), its all-gather 4.0 M (1.1 M events,
 # 7-8 s), a 7 KiB all-reduce 0.19 M (2 s). 8 M is where a fast run passes about 10 s.
 COARSE_FLIT_HOPS = 8_000_000
-DIRECT_MAX = 32
 
 
 @dataclass(kw_only=True)
@@ -137,24 +136,6 @@ def _shards(kind: str, shards, n: int, nbytes, dtype):
     return per, name
 
 
-def padded_bytes(sched, nbytes: int, eb: int) -> int | None:
-    """Per-member bytes the kernel moves for ``nbytes``: whole blocks of ``sched``.
-
-    NOTE: an all-reduce or a broadcast of any element count runs with its last block padded
-    (at most ``blocks - 1`` elements more; NCCL cuts the last chunk short instead: less than
-    one element per block apart). A reduce-scatter or all-gather needs equal member shares
-    (as torch's tensor collectives do), each a whole number of blocks: else None, the
-    algorithm does not apply."""
-    elems = nbytes // eb
-    if sched.kind == "all_to_all":
-        # NOTE: the kernel addresses an all-to-all's n x n blocks in one region per member
-        # (block s * n + d at its id), so it is given n x the member's buffer.
-        return nbytes * sched.n if elems % sched.n == 0 else None
-    if sched.kind in ("all_reduce", "broadcast"):
-        return -(-elems // sched.blocks) * sched.blocks * eb
-    return nbytes if elems % sched.blocks == 0 else None
-
-
 def _pad(shards: list, nbytes: int, op: str) -> list:
     """Each member's buffer flattened and padded to ``nbytes`` with the reduction's identity."""
     fill = 0.0 if op == "sum" else float("-inf")
@@ -164,38 +145,6 @@ def _pad(shards: list, nbytes: int, op: str) -> list:
         extra = nbytes // flat.element_size() - flat.numel()
         out.append(torch.cat([flat, flat.new_full((extra,), fill)]) if extra else flat)
     return out
-
-
-def estimates(kind: str, machine, grid, nbytes: int, eb: int, root: int = 0, packet_bytes: int | None = None,
-              order: str = "rank") -> dict:
-    """Predicted time (ps) of every algorithm that applies: ``{algo: ps}``.
-
-    NOTE: ``direct`` is left out above ``DIRECT_MAX`` members: its n x n messages cost every
-    member n - 1 command issues per phase, which no payload size makes up for there. Above
-    that size, too, an algorithm whose command-issue floor (a lower bound of its estimate)
-    already exceeds the best estimate so far is not estimated (fewest steps first)."""
-    big = len(grid.pes) > DIRECT_MAX
-    scheds = []
-    for algo in ALGOS:
-        if algo == "direct" and big:
-            continue
-        try:
-            sched = schedule(kind, algo, grid, root, order)
-        except CollectiveError:
-            continue
-        padded = padded_bytes(sched, nbytes, eb)
-        if padded is None:
-            continue
-        scheds.append((len(sched.steps), ALGOS.index(algo), algo, sched, padded))
-    out, best = {}, None
-    for _, _, algo, sched, padded in sorted(scheds, key=lambda t: t[:2]):
-        block = padded // sched.blocks
-        packet = packet_bytes or packet_size(largest_xfer_blocks(sched) * block)
-        if big and best is not None and model.issue_ps(machine, sched, block, packet) >= best:
-            continue
-        out[algo] = model.alpha_beta_ps(machine, sched, grid.pes, block, packet)
-        best = out[algo] if best is None else min(best, out[algo])
-    return {a: out[a] for a in ALGOS if a in out}
 
 
 def _build(kind, algo, machine, grid, nbytes, eb, dtype, op, root, packet_bytes, order):

@@ -86,7 +86,7 @@ def on_groups_run(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", m
 
 def line_algo(kind: str, group, nbytes: int, dtype: str, machine) -> str:
     """The algorithm of one of several groups side by side: the one with the least estimate
-    for a group alone (``collective.estimates``), among those whose every step goes from one
+    for a group alone (``collective_choice.estimates``), among those whose every step goes from one
     member to one other (ring, bidir-ring, tree; ``ring`` if none applies).
 
     NOTE: lines of a mesh dimension across chips are latency-bound for a decode step's

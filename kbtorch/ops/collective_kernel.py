@@ -16,12 +16,12 @@ packet of a transfer:
   (``collective_layout.sprayed_reductions``) the slots are in the receiver's HBM (the
   composite DMA_READs the landed packet too), a partial sum that the same step adds to again
   stays in TCM (``acc``: the staging area), rounds are software-pipelined (``_order``) and
-  reduction sends paced (``_pace``).
+  reduction sends paced (``_pace``; these helpers in ``collective_spray``).
 - copy: the value is written into the receiver's ``OUT`` (a DMA, or fused into the
   composite that produced it), with a remote increment of the receiver's version semaphore.
   On a machine with multicast, the copies of one packet that a member sends to several
   receivers in one step (``direct`` all-gather and broadcast) are ONE multicast command
-  when their tree splits only at multicast routers (``multicast_copies``).
+  when their tree splits only at multicast routers (``collective_multicast``).
 
 Semaphores: ``x{src}.{slot}`` (arrivals in a slot), ``c{dst}`` (credits from a receiver),
 ``k{src}`` (slot of that sender consumed), ``v{block}.{piece}`` or ``v{first}-{last}.{piece}``
@@ -35,19 +35,18 @@ from __future__ import annotations
 from collections import Counter
 
 from ..sim.commands import Move, Signal, Wait
-from ..sim.components.dma import data_path
-from ..sim.multicast import MulticastError, can_multicast, tree
 from .collective_layout import KernelLayout
+from .collective_multicast import _tree_ok, multicast_copies
+from .collective_spray import SprayedReductions
 
 MAX_WRITES = 3          # NOTE: a kernel choice (writes per composite), not hardware
-PACE_ROUNDS = 2         # NOTE: a kernel choice: rounds of step 0 in flight when paced (``_pace``)
 
 
 class _TooManyWaits(Exception):
     """A command of the kernel being built would wait on more than two semaphores."""
 
 
-class CollectiveKernel(KernelLayout):
+class CollectiveKernel(SprayedReductions, KernelLayout):
     """Builds ``{pe: [commands]}`` for ``sched`` on ``grid`` with ``nbytes`` per member."""
 
     def __init__(self, *args, **kw):
@@ -150,23 +149,6 @@ class CollectiveKernel(KernelLayout):
                     self.use_of[(id(x), bs[0], k0)] = len(pos)
                     pos.append(i)
         self.chan_total = {c: len(v) for c, v in self.use_pos.items()}
-
-    def _pace(self, m: int, at: tuple) -> tuple:
-        """The wait that paces member ``m``'s reduction sends of (round, step) ``at`` on a
-        sprayed machine: step ``k`` of round ``r`` starts once the member's reductions of
-        step ``k - 1`` of that round are done (the last of them that keeps its result,
-        ``last_kept``), step 0 once those of step 0 of round ``r - PACE_ROUNDS`` are (no
-        wait if there are none).
-
-        NOTE: a send whose value is already there (an input) would otherwise leave at once;
-        sprayed, it takes a share of every port, the switch ports too, while the transfers
-        that can only cross the switch (the partial sums a chip forwards to the other tray)
-        come later, behind it in the port's queue. Paced, each round's step runs together
-        with what it depends on, so the spray splits the step's own traffic: a self-clocked
-        window, as NCCL's per-step FIFO of a channel."""
-        r, k = at
-        got = self.last_kept.get((m, k - 1, r) if k else (m, 0, r - PACE_ROUNDS))
-        return (Wait(*got, 0),) if got else ()
 
     # ---- value versions -----------------------------------------------------------------
     @staticmethod
@@ -353,17 +335,6 @@ class CollectiveKernel(KernelLayout):
         if store:
             self.last_kept[(r, at[1], at[0])] = self.ready[(r, bs[0], k0)]
 
-    def _next_reduce_here(self, at: tuple, x, bs: tuple, rest: dict) -> bool:
-        """Whether the next use of every block of ``bs`` at ``x``'s receiver is a reduction of
-        the same packet in the same step (the partial sum is needed by that composite only)."""
-        for b in bs:
-            if not rest[b]:
-                return False
-            k, role, y = rest[b][0]
-            if k != at[1] or role != 1 or not y.reduce or self.packet_of(y, b) != bs:
-                return False
-        return True
-
     def _composite(self, k, x, bs, k0, ne, own_region, fused, reduce_fused, store) -> None:
         r, src = x.dst, x.src
         ctx = self.ctx[r]
@@ -395,41 +366,3 @@ class CollectiveKernel(KernelLayout):
                       label=f"s{k} {self.math_op} b{bs[0]}{'' if len(bs) == 1 else f'-{bs[-1]}'}.{k0} from {src}")
         if signals and signals[0].sem == f"k{src}":
             ctx.send(self.grid.pes[src], f"c{r}", wait=f"k{src}", label=f"credit to {src}")
-
-
-def multicast_copies(machine, pes: tuple, sends: list, log: set | None = None) -> list:
-    """``sends`` ((xfer, blocks, piece, elements), in order) grouped: the copies of the same
-    packet from the same member, when the tree from its HBM to the receivers' HBMs splits only
-    at multicast routers, form one group (at the place of the first); the rest stay alone.
-    ``log`` collects every (member, receivers, one tree?) asked."""
-    groups, at = [], {}
-    for s in sends:
-        x, bs, k0, _ = s
-        if x.reduce:
-            groups.append([s])
-            continue
-        key = (x.src, bs, k0)
-        if key in at:
-            groups[at[key]].append(s)
-        else:
-            at[key] = len(groups)
-            groups.append([s])
-    out = []
-    for g in groups:
-        ok = len(g) == 1 or _tree_ok(machine, pes[g[0][0].src], tuple(pes[y.dst] for y, *_ in g))
-        if len(g) > 1 and log is not None:
-            log.add((g[0][0].src, tuple(y.dst for y, *_ in g), ok))
-        if ok:
-            out.append(g)
-        else:
-            out.extend([s] for s in g)
-    return out
-
-
-def _tree_ok(machine, src: int, dsts: tuple) -> bool:
-    """Whether member PE ``src``'s HBM reaches the HBMs of ``dsts`` by one multicast tree."""
-    try:
-        root = tree([data_path(machine, machine.pes[src].hbm, machine.pes[d].hbm) for d in dsts])
-    except MulticastError:
-        return False
-    return can_multicast(machine, root)

@@ -23,7 +23,7 @@
   Both know the machine's mechanisms: a sprayed transfer (``[routing]`` policy other than
   ``single``) loads each of its paths by its share and streams at their summed bandwidth;
   copies of one packet to several receivers that the kernel sends as one multicast
-  (``collective_kernel.multicast_copies``) load each link of their tree once. So
+  (``collective_multicast.multicast_copies``) load each link of their tree once. So
   ``algo="auto"`` prefers ``direct`` all-gathers and broadcasts where multicast makes their
   copies one, and weighs algorithms by the bandwidth of all paths where packets are sprayed
   (adaptively sprayed ones split where the step's other traffic leaves room: ``spread``).
@@ -35,8 +35,8 @@ from collections import Counter
 from ..sim.components.dma import data_path, data_paths
 from ..sim.multicast import tree
 from ..sim.resources import resource_ps, spread  # noqa: F401 (resource_ps: part of this module's models)
-from .collective_kernel import _tree_ok
 from .collective_layout import sprayed_reductions
+from .collective_multicast import _tree_ok
 
 
 def describe(resource) -> str:

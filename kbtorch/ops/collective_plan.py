@@ -35,98 +35,17 @@ All-to-all (``all_to_all``, MoE dispatch and combine): member ``s`` holds ``n`` 
 ahead (``n - 1`` steps, one peer per step); ``2d`` and ``hier``: one direct phase per grid
 dimension (on a system: inside the chip first), each block moving along one dimension at a
 time, so a member talks only to the members of its lines.
+
+The schedule types and the phases the algorithms share are in ``collective_schedule``;
+``2d`` and ``hier`` are in ``collective_hier``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
-ALGOS = ("ring", "bidir-ring", "2d", "direct", "tree", "hier")
-ORDERS = ("rank", "grid")
-OPS = {"sum": torch.add, "max": torch.maximum}
-
-
-@dataclass(frozen=True)
-class Xfer:
-    """``src`` sends its value of ``blocks`` (sorted block ids) to ``dst``."""
-
-    src: int
-    dst: int
-    blocks: tuple
-    reduce: bool
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """A collective as steps of transfers over ``n`` members and ``blocks`` blocks.
-
-    ``holds[i]``: the blocks member ``i`` has a value of before step 0; ``keeps[i]``: the
-    blocks of its output (in output order)."""
-
-    kind: str
-    algo: str
-    n: int
-    blocks: int
-    steps: tuple
-    holds: tuple
-    keeps: tuple
-
-    @property
-    def transfers(self) -> int:
-        return sum(len(s) for s in self.steps)
-
-
-class CollectiveError(ValueError):
-    """A collective that cannot be built as asked (names the argument at fault)."""
-
-
-def _ring_rs(order: list, blocks_of, forward: bool = True) -> list:
-    """Reduce-scatter around ``order`` (member ids by ring position): the member at position
-    ``p`` ends with the full reduction of ``blocks_of(p)``."""
-    n = len(order)
-    steps = []
-    for s in range(n - 1):
-        step = []
-        for p in range(n):
-            q, b = ((p + 1) % n, (p - s - 1) % n) if forward else ((p - 1) % n, (p + s + 1) % n)
-            step.append(Xfer(order[p], order[q], blocks_of(b), True))
-        steps.append(step)
-    return steps
-
-
-def _ring_ag(order: list, blocks_of, forward: bool = True) -> list:
-    """All-gather around ``order``: position ``p`` starts with ``blocks_of(p)``."""
-    n = len(order)
-    steps = []
-    for s in range(n - 1):
-        step = []
-        for p in range(n):
-            q, b = ((p + 1) % n, (p - s) % n) if forward else ((p - 1) % n, (p + s) % n)
-            step.append(Xfer(order[p], order[q], blocks_of(b), False))
-        steps.append(step)
-    return steps
-
-
-def _chain(order: list, root_pos: int, blocks: tuple, forward: bool = True, length: int | None = None) -> list:
-    """A broadcast chain from ``root_pos`` along ``order`` over ``length`` hops."""
-    n = len(order)
-    hops = n - 1 if length is None else length
-    sgn = 1 if forward else -1
-    return [[Xfer(order[(root_pos + sgn * p) % n], order[(root_pos + sgn * (p + 1)) % n], blocks, False)]
-            for p in range(hops)]
-
-
-def _merge(*phases) -> list:
-    """Run phases side by side: step k of the result is step k of every phase."""
-    out: list = []
-    for phase in phases:
-        for k, step in enumerate(phase):
-            if k == len(out):
-                out.append([])
-            out[k].extend(step)
-    return out
+from .collective_hier import hierarchical, multi_dim
+from .collective_schedule import (ALGOS, KINDS, OPS, ORDERS, CollectiveError, Schedule, Xfer, _chain,
+                                  _doubling_all_reduce, _merge, _relabel, _ring_ag, _ring_rs)
 
 
 def _a2a_direct(grid) -> tuple[int, list]:
@@ -138,27 +57,6 @@ def _a2a_shift(grid) -> tuple[int, list]:
     order, n = grid.order, len(grid.order)
     return n * n, [[Xfer(order[p], order[(p + k) % n], (order[p] * n + order[(p + k) % n],), False) for p in range(n)]
                    for k in range(1, n)]
-
-
-def _a2a_dims(grid, groups: list) -> tuple[int, list]:
-    """One direct phase per group of grid dimensions: a block moves to the member whose
-    coordinates along those dimensions are its destination's."""
-    n = len(grid.order)
-    at = {c: m for m, c in enumerate(grid.coords)}
-    where = {s * n + d: s for s in range(n) for d in range(n)}
-    steps = []
-    for dims in groups:
-        moves: dict = {}
-        for b, m in where.items():
-            c, t = list(grid.coords[m]), grid.coords[b % n]
-            for j in dims:
-                c[j] = t[j]
-            dst = at[tuple(c)]
-            if dst != m:
-                moves.setdefault((m, dst), []).append(b)
-                where[b] = dst
-        steps.append([Xfer(s, d, tuple(sorted(bs)), False) for (s, d), bs in sorted(moves.items())])
-    return n * n, steps
 
 
 def ring(kind: str, grid, root: int) -> tuple[int, list]:
@@ -191,50 +89,6 @@ def bidir_ring(kind: str, grid, root: int) -> tuple[int, list]:
     return 2 * n, steps
 
 
-def multi_dim(kind: str, grid, root: int) -> tuple[int, list]:
-    """Reduce-scatter along each grid dimension in turn, all-gather back in reverse."""
-    n = len(grid.order)
-    if kind == "all_to_all":
-        return _a2a_dims(grid, [[j] for j in range(len(grid.dims))])
-    if kind == "broadcast":
-        steps, have = [], {root}
-        for j in range(len(grid.dims)):
-            phase = [_chain(line, line.index(m), (0,)) for m in sorted(have) for line in [grid.line(m, j)]]
-            steps += _merge(*phase)
-            have = {x for m in have for x in grid.line(m, j)}
-        return 1, steps
-    resp = {m: tuple(range(n)) for m in range(n)}
-    sets = []
-    rs_steps = []
-    for j in range(len(grid.dims)):
-        rings = {tuple(grid.line(m, j)) for m in range(n)}
-        new = {}
-        phase = []
-        for line in sorted(rings):
-            part = {m: tuple(b for b in resp[m] if grid.coords[b][j] == grid.coords[m][j]) for m in line}
-            new.update(part)
-            phase.append(_ring_rs(list(line), lambda p, line=line, part=part: part[line[p]]))
-        rs_steps += _merge(*phase)
-        sets.append((rings, new))
-        resp = new
-    ag_steps = []
-    for rings, part in reversed(sets):
-        ag_steps += _merge(*[_ring_ag(list(line), lambda p, line=line: part[line[p]]) for line in sorted(rings)])
-    steps = (rs_steps if kind != "all_gather" else []) + (ag_steps if kind != "reduce_scatter" else [])
-    if kind == "all_reduce":
-        steps = _relabel(steps, sorted(range(n), key=lambda b: grid.coords[b]))
-    return n, steps
-
-
-def _relabel(steps: list, order: list) -> list:
-    """Blocks renamed so that block ``order[i]`` becomes block ``i``. NOTE: an all-reduce's
-    block ids are free (every member holds and keeps all of them); in coordinate order
-    (innermost dimension most significant) the blocks a member handles along each dimension
-    are consecutive, so the kernel moves them as one packet instead of one per block."""
-    new = {b: i for i, b in enumerate(order)}
-    return [[Xfer(x.src, x.dst, tuple(sorted(new[b] for b in x.blocks)), x.reduce) for x in step] for step in steps]
-
-
 def direct(kind: str, grid, root: int) -> tuple[int, list]:
     n = len(grid.order)
     if kind == "all_to_all":
@@ -244,107 +98,6 @@ def direct(kind: str, grid, root: int) -> tuple[int, list]:
     rs = [[Xfer(s, d, (d,), True) for s in range(n) for d in range(n) if d != s]]
     ag = [[Xfer(s, d, (s,), False) for s in range(n) for d in range(n) if d != s]]
     return n, (rs if kind != "all_gather" else []) + (ag if kind != "reduce_scatter" else [])
-
-
-def _doubling_all_reduce(order: list, blocks: tuple) -> list:
-    """Recursive doubling of ``blocks`` over ``order``; members beyond the largest power of
-    two first fold into a partner and get the result back at the end."""
-    n = len(order)
-    p = 1 << (n.bit_length() - 1)
-    extra = list(range(p, n))
-    steps = [[Xfer(order[q], order[q - p], blocks, True) for q in extra]] if extra else []
-    k = 1
-    while k < p:
-        steps.append([Xfer(order[q], order[q ^ k], blocks, True) for q in range(p)])
-        k *= 2
-    if extra:
-        steps.append([Xfer(order[q - p], order[q], blocks, False) for q in extra])
-    return steps
-
-
-def _line_rs_ag(line: list) -> tuple[list, list]:
-    """(reduce-scatter, all-gather) inside ``line``, block ``i`` ending at position ``i``:
-    recursive halving/doubling when its length is a power of two, else the ring."""
-    n = len(line)
-    if n & (n - 1):
-        own = lambda p: (p,)  # noqa: E731
-        return _ring_rs(line, own), _ring_ag(line, own)
-    bits = n.bit_length() - 1
-    rs = [[Xfer(line[q], line[q ^ (1 << k)], tuple(x for x in range(n) if x >> (k + 1) == q >> (k + 1)
-                                                   and (x >> k) & 1 != (q >> k) & 1), True) for q in range(n)]
-          for k in reversed(range(bits))]
-    ag = [[Xfer(line[q], line[q ^ (1 << k)], tuple(x for x in range(n) if x >> k == q >> k), False)
-           for q in range(n)] for k in range(bits)]
-    return rs, ag
-
-
-def hierarchical(kind: str, grid, root: int) -> tuple[int, list]:
-    """All-reduce in three phases around the grid's innermost dimension (the PEs of a CUBE
-    on AHBM): reduce-scatter inside each line of it (block ``i`` to position ``i``), then an
-    all-reduce of block ``i`` by recursive doubling among the members at position ``i``
-    (snake order), then all-gather back inside each line. Only a line's share of the data
-    crosses between lines. Between chips (``grid.inner == 0``): an all-gather is
-    ``_dims_direct_ag``, a reduce-scatter the same backwards, an all-reduce both.
-    Other kinds, and one-dimensional groups, as ``2d``."""
-    inner = grid.inner
-    if kind in ("all_gather", "all_reduce", "reduce_scatter") and len(grid.dims) > 1 and grid.inner == 0:
-        # NOTE: between chips only (no grid dimension inside a chip); inside a chip as 2d.
-        ag = _dims_direct_ag(grid)
-        if kind == "all_gather":
-            return len(grid.order), ag
-        # the reduce-scatter is the all-gather run backwards: each transfer sends the partial
-        # sum of the members its copy reached, the receiver adds it (so each link carries
-        # the all-gather's blocks, the other way)
-        rs = [[Xfer(x.dst, x.src, x.blocks, True) for x in step] for step in reversed(ag)]
-        return len(grid.order), rs + (ag if kind == "all_reduce" else [])
-    if kind == "all_to_all" and len(grid.dims) > 1:
-        return _a2a_dims(grid, [list(range(inner)), list(range(inner, len(grid.dims)))])
-    if kind != "all_reduce" or len(grid.dims) < 2 or inner == len(grid.dims):
-        return multi_dim(kind, grid, root)
-    if inner > 1:
-        return _chip_hierarchical(grid, inner)
-    n0 = grid.dims[0]
-    lines = sorted({tuple(grid.line(m, 0)) for m in range(len(grid.order))})
-    phases = [_line_rs_ag(list(line)) for line in lines]
-    outer = [_doubling_all_reduce([m for m in grid.order if grid.coords[m][0] == c], (c,)) for c in range(n0)]
-    return n0, _merge(*(rs for rs, _ in phases)) + _merge(*outer) + _merge(*(ag for _, ag in phases))
-
-
-def _dims_direct_ag(grid) -> list:
-    """All-gather by direct sends along the grid's lines, outer dimensions first: at step 0
-    every member sends its block to every member of each of its lines; a block that arrived
-    along dimension ``j`` goes on to the member's line of each dimension below ``j`` at the
-    next step. Each block reaches each member once, by the dimension-ordered path (``len(dims)``
-    steps); every link of a member carries blocks it needs itself, so a system of chips uses
-    its tray links and its switch ports at once (direct sends every cross-tray block over the
-    switch; ring and 2d send one block at a time)."""
-    n, dims = len(grid.order), len(grid.dims)
-    steps, fresh = [], [{j: (m,) for j in range(dims)} for m in range(n)]
-    while any(fresh):
-        step, nxt = [], [{} for _ in range(n)]
-        for m in range(n):
-            for j, blocks in sorted(fresh[m].items()):
-                for d in grid.line(m, j):
-                    if d != m:
-                        step.append(Xfer(m, d, blocks, False))
-                        for k in range(j):
-                            nxt[d][k] = tuple(sorted(nxt[d].get(k, ()) + blocks))
-        steps.append(step)
-        fresh = nxt
-    return steps
-
-
-def _chip_hierarchical(grid, inner: int) -> tuple[int, list]:
-    """``hier`` all-reduce with the first ``inner`` grid dimensions inside one unit (a chip):
-    reduce-scatter inside each unit (its members in snake order), recursive doubling of
-    share ``i`` among the members at position ``i`` of every unit, all-gather back."""
-    units: dict = {}
-    for m in grid.order:
-        units.setdefault(grid.coords[m][inner:], []).append(m)
-    lines = list(units.values())
-    phases = [_line_rs_ag(line) for line in lines]
-    outer = [_doubling_all_reduce([line[i] for line in lines], (i,)) for i in range(len(lines[0]))]
-    return len(lines[0]), _merge(*(rs for rs, _ in phases)) + _merge(*outer) + _merge(*(ag for _, ag in phases))
 
 
 def tree(kind: str, grid, root: int) -> tuple[int, list]:

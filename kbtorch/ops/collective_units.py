@@ -100,7 +100,7 @@ def build(kind, algo, machine, lines, sizes, eb, dtype, op, root, packet_bytes, 
 
 def candidates(kind, machine, lines, sizes, eb, dtype, op, root, packet_bytes, order, build_one, estimate_one) -> dict:
     """``{algo: (estimate ps, built)}``: the estimate is the larger of one line's alpha-beta
-    (``estimate_one``: collective.estimates) and the bound of all lines together (their
+    (``estimate_one``: collective_choice.estimates) and the bound of all lines together (their
     shared links). NOTE: algorithms are built in the order of their one-line estimates and
     the search stops where that estimate alone reaches the best so far (it cannot win)."""
     nbytes0 = sizes[0] * eb * (len(lines[0]) if kind in BLOCKED else 1)
