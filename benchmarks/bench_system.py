@@ -14,8 +14,9 @@ chip" are each chip's own block (the paper's Fig. 8 axis), ``nbytes`` the gather
 - **pod**: maia200_pod (6144 coarse chips) loaded, and one all-reduce across all chips (64 KiB per chip, recursive doubling).
 
 Nothing is asserted: the targets block prints PASS/FAIL with the measured figure.
-maia200_x8 and maia200_x64 declare packet spraying (``[routing] policy = "port-spray"``,
-adaptive: a message between chips over their tray link and the switched network); the
+maia200_x8 declares packet spraying (``[routing] policy = "port-spray"``, adaptive: a
+message between chips over their tray link and the switched network; maia200_x64 stays
+single-path, see its file); the
 all-gather rows also run ``hier`` (direct along the tray, then across trays forwarded inside
 the tray), the algorithm the automatic choice takes on the sprayed machine for large sizes.
 
