@@ -9,6 +9,11 @@ import time
 from tabulate import tabulate
 
 
+def target(what: str, measured: str, ok: bool) -> dict:
+    """One row of the targets table ``finish`` prints."""
+    return {"target": what, "measured": measured, "pass": bool(ok)}
+
+
 def finish(targets: list, t0: float, json_path: str | None, payload: dict) -> None:
     """Print ``targets`` (dicts with ``target``, ``measured``, ``pass``) and the seconds since
     ``t0``; write ``payload`` plus targets, wall time and platform to ``json_path`` if given."""

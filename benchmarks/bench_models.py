@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import torch  # noqa: E402
 
 import kbtorch  # noqa: E402
-from _report import finish  # noqa: E402
+from _report import finish, target  # noqa: E402
 
 REFUSED = (("deepseek-v3", "maia200"), ("mixtral-8x22b", "maia200"), ("llama3-70b", "maia200"))
 TINY = ("tiny-qwen3-moe", "tiny-olmoe", "tiny-deepseek-v3")
@@ -152,15 +152,15 @@ def tp_rows(targets: list) -> list:
         print(f"  decode step at L = {r['context']}, {what}: {r['ns'] / 1e3:.1f} us = {r['tokens_per_s']:.0f} tokens/s, "
               f"{r['pct_hbm_roofline']:.1f}% of the HBM roofline, {100 * r['collective_share']:.1f}% in "
               f"collectives ({r['wall_s']:.0f} s wall); most time: {r['top']}")
-    targets.append(dict(target="Llama-3-70B decode on maia200_x8, TP 8, batch 16, L = 4096 (StaticCache): "
-                               "% of HBM roofline >= 60",
-                        measured=f"eager {point['pct_hbm_roofline']:.1f}% ({point['tokens_per_s']:.0f} tokens/s, "
-                                 f"{100 * point['collective_share']:.1f}% in collectives), graph "
-                                 f"{graph['pct_hbm_roofline']:.1f}% ({graph['tokens_per_s']:.0f} tokens/s)",
-                        **{"pass": max(point["pct_hbm_roofline"], graph["pct_hbm_roofline"]) >= 60}))
-    targets.append(dict(target="Llama-3-70B TP 8 on maia200_x8, prompt 128 + 8 tokens: wall <= 120 s",
-                        measured=f"{short['wall_s']:.0f} s ({short['decode_tokens_per_s']:.0f} tokens/s)",
-                        **{"pass": short["wall_s"] <= 120}))
+    targets.append(target("Llama-3-70B decode on maia200_x8, TP 8, batch 16, L = 4096 (StaticCache): "
+                          "% of HBM roofline >= 60",
+                          f"eager {point['pct_hbm_roofline']:.1f}% ({point['tokens_per_s']:.0f} tokens/s, "
+                          f"{100 * point['collective_share']:.1f}% in collectives), graph "
+                          f"{graph['pct_hbm_roofline']:.1f}% ({graph['tokens_per_s']:.0f} tokens/s)",
+                          max(point["pct_hbm_roofline"], graph["pct_hbm_roofline"]) >= 60))
+    targets.append(target("Llama-3-70B TP 8 on maia200_x8, prompt 128 + 8 tokens: wall <= 120 s",
+                          f"{short['wall_s']:.0f} s ({short['decode_tokens_per_s']:.0f} tokens/s)",
+                          short["wall_s"] <= 120))
     return [short, point, dynamic, graph]
 
 
@@ -175,13 +175,14 @@ def main(argv=None) -> int:
     for c in checks:
         print(f"{c['model']} ({c['gb']:.1f} GB bf16) on {c['topology']}: "
               f"{'HbmFull in %.2f s: %s' % (c['seconds'], c['refused']) if c['refused'] else 'fits'}")
-        targets.append(dict(target=f"{c['model']} on one {c['topology']}: HbmFull before any work",
-                            measured=f"HbmFull in {c['seconds']:.2f} s" if c["refused"] else f"fits ({c['gb']:.1f} GB)",
-                            **{"pass": bool(c["refused"]) and c["seconds"] < 5}))
+        targets.append(target(f"{c['model']} on one {c['topology']}: HbmFull before any work",
+                              f"HbmFull in {c['seconds']:.2f} s" if c["refused"] else f"fits ({c['gb']:.1f} GB)",
+                              bool(c["refused"]) and c["seconds"] < 5))
     tiny = [generate(name, "--check", "--prompt-len", "8", "--new-tokens", "2", "--batch", "2") for name in TINY]
     for r in tiny:
-        targets.append(dict(target=f"{r['model']}: greedy tokens equal CPU", measured=str(r["tokens_match_cpu"]),
-                            **{"pass": r["tokens_match_cpu"]}))
+        targets.append(target(f"{r['model']}: greedy tokens equal CPU",
+                              str(r["tokens_match_cpu"]),
+                              r["tokens_match_cpu"]))
     payload = dict(hbm=checks, tiny=tiny)
     if not args.quick:
         full = [generate(name, "--topology", topo, "--prompt-len", "4", "--new-tokens", "2") for name, topo in FULL]
@@ -189,21 +190,21 @@ def main(argv=None) -> int:
             step = r["decode_steps"][0]
             print(f"{name} on {topo}: {r['tpot_ns'] / 1e3:.1f} us a token, {step['pct_hbm_roofline']:.1f}% of the HBM "
                   f"roofline, {r['wall_s']:.0f} s wall")
-            targets.append(dict(target=f"{name} full-size decode runs on {topo}",
-                                measured=f"{r['tpot_ns'] / 1e3:.0f} us/token, {step['pct_hbm_roofline']:.1f}% HBM",
-                                **{"pass": r["tpot_ns"] > 0}))
+            targets.append(target(f"{name} full-size decode runs on {topo}",
+                                  f"{r['tpot_ns'] / 1e3:.0f} us/token, {step['pct_hbm_roofline']:.1f}% HBM",
+                                  r["tpot_ns"] > 0))
         payload["full"] = full
         payload["ep"] = ep = ep_row()
         print(f"mixtral-8x7b on maia200_x8, EP 8: {ep['decode_tokens_per_s']:.0f} tokens/s, {ep['pct_all_to_all']:.1f}% "
               f"in all-to-all, {ep['experts_routed_per_layer']} experts routed a layer, "
               f"{ep['pct_expert_hbm_bytes']:.1f}% of expert weight bytes in the expert kernels' HBM traffic, {ep['wall_s']:.0f} s wall")
-        targets.append(dict(target="Mixtral-8x7B on maia200_x8 with EP 8: runs; all-to-all visible; only routed "
-                                   "experts read",
-                            measured=f"{ep['decode_tokens_per_s']:.0f} tokens/s, {ep['pct_all_to_all']:.1f}% all-to-all, "
-                                     f"{ep['experts_routed_per_layer']}/8 experts, {ep['pct_expert_hbm_bytes']:.1f}% "
-                                     f"of expert bytes",
-                            **{"pass": ep["pct_all_to_all"] > 0 and ep["experts_routed_per_layer"] == 2
-                               and 20 < ep["pct_expert_hbm_bytes"] < 30}))
+        targets.append(target("Mixtral-8x7B on maia200_x8 with EP 8: runs; all-to-all visible; only routed "
+                              "experts read",
+                              f"{ep['decode_tokens_per_s']:.0f} tokens/s, {ep['pct_all_to_all']:.1f}% all-to-all, "
+                              f"{ep['experts_routed_per_layer']}/8 experts, {ep['pct_expert_hbm_bytes']:.1f}% "
+                              f"of expert bytes",
+                              ep["pct_all_to_all"] > 0 and ep["experts_routed_per_layer"] == 2
+                              and 20 < ep["pct_expert_hbm_bytes"] < 30))
         payload["tp"] = tp_rows(targets)
     finish(targets, t0, args.json, payload)
     return 0
