@@ -16,7 +16,7 @@ packet of a transfer:
   (``collective_layout.sprayed_reductions``) the slots are in the receiver's HBM (the
   composite DMA_READs the landed packet too), a partial sum that the same step adds to again
   stays in TCM (``acc``: the staging area), rounds are software-pipelined (``_order``) and
-  reduction sends paced (``_pace``; these helpers in ``collective_spray``).
+  reduction sends paced (``_pace``).
 - copy: the value is written into the receiver's ``OUT`` (a DMA, or fused into the
   composite that produced it), with a remote increment of the receiver's version semaphore.
   On a machine with multicast, the copies of one packet that a member sends to several
@@ -37,16 +37,16 @@ from collections import Counter
 from ..sim.commands import Move, Signal, Wait
 from .collective_layout import KernelLayout
 from .collective_multicast import _tree_ok, multicast_copies
-from .collective_spray import SprayedReductions
 
 MAX_WRITES = 3          # NOTE: a kernel choice (writes per composite), not hardware
+PACE_ROUNDS = 2         # NOTE: a kernel choice: rounds of step 0 in flight when paced (``_pace``)
 
 
 class _TooManyWaits(Exception):
     """A command of the kernel being built would wait on more than two semaphores."""
 
 
-class CollectiveKernel(SprayedReductions, KernelLayout):
+class CollectiveKernel(KernelLayout):
     """Builds ``{pe: [commands]}`` for ``sched`` on ``grid`` with ``nbytes`` per member."""
 
     def __init__(self, *args, **kw):
@@ -149,6 +149,23 @@ class CollectiveKernel(SprayedReductions, KernelLayout):
                     self.use_of[(id(x), bs[0], k0)] = len(pos)
                     pos.append(i)
         self.chan_total = {c: len(v) for c, v in self.use_pos.items()}
+
+    def _pace(self, m: int, at: tuple) -> tuple:
+        """The wait that paces member ``m``'s reduction sends of (round, step) ``at`` on a
+        sprayed machine: step ``k`` of round ``r`` starts once the member's reductions of
+        step ``k - 1`` of that round are done (the last of them that keeps its result,
+        ``last_kept``), step 0 once those of step 0 of round ``r - PACE_ROUNDS`` are (no
+        wait if there are none).
+
+        NOTE: a send whose value is already there (an input) would otherwise leave at once;
+        sprayed, it takes a share of every port, the switch ports too, while the transfers
+        that can only cross the switch (the partial sums a chip forwards to the other tray)
+        come later, behind it in the port's queue. Paced, each round's step runs together
+        with what it depends on, so the spray splits the step's own traffic: a self-clocked
+        window, as NCCL's per-step FIFO of a channel."""
+        r, k = at
+        got = self.last_kept.get((m, k - 1, r) if k else (m, 0, r - PACE_ROUNDS))
+        return (Wait(*got, 0),) if got else ()
 
     # ---- value versions -----------------------------------------------------------------
     @staticmethod
@@ -334,6 +351,17 @@ class CollectiveKernel(SprayedReductions, KernelLayout):
         self._produce(r, bs, k0, store)
         if store:
             self.last_kept[(r, at[1], at[0])] = self.ready[(r, bs[0], k0)]
+
+    def _next_reduce_here(self, at: tuple, x, bs: tuple, rest: dict) -> bool:
+        """Whether the next use of every block of ``bs`` at ``x``'s receiver is a reduction of
+        the same packet in the same step (the partial sum is needed by that composite only)."""
+        for b in bs:
+            if not rest[b]:
+                return False
+            k, role, y = rest[b][0]
+            if k != at[1] or role != 1 or not y.reduce or self.packet_of(y, b) != bs:
+                return False
+        return True
 
     def _composite(self, k, x, bs, k0, ne, own_region, fused, reduce_fused, store) -> None:
         r, src = x.dst, x.src
