@@ -15,9 +15,8 @@ model's pattern:
    on its MATH engine, reading only the chain's other inputs (bias, residual, the ``up``
    of SiLU x up) from HBM;
 3. **norm prologues**: an RMSNorm (the ``rms_norm`` op or its decomposed chain, ending a
-   vector chain or alone)
-   whose result only GEMMs read, as their A operand, with nothing between (no collective),
-   runs in those GEMMs: each GEMM PE computes its A rows' statistics on its MATH engine as
+   vector chain or alone) whose result only GEMMs read, as their A operand, with nothing
+   between (no collective), runs in those GEMMs: each GEMM PE computes its A rows' statistics on its MATH engine as
    the A panel streams in (the norm's MATH work over the rows it loads; every reader does
    it, as a fused QKV kernel's prologue would) and scales its result rows (gamma folded in
    as A is loaded): the GEMMs read the norm's input instead of its result (the same
