@@ -3,7 +3,10 @@ timing-only decode (issue 24's single-machine rows; the multi-chip rows come wit
 over systems).
 
 - **(a) HbmFull**: DeepSeek-V3 and Mixtral-8x22B (bf16, meta) moved to one maia200 are
-  refused before any tensor moves (seconds to refuse); Llama-3-70B's bytes against the chip.
+  refused before any tensor moves (seconds to refuse); Llama-3-70B's weights (141 GB) fit
+  the chip's 216 GB, and the KV cache of a serving batch (32 rows at its 8192-position
+  context, 86 GB) is refused before any work (``kbtorch.models.hf.check_cache_fits``, as
+  ``hf_generate`` checks every run's cache).
 - **(b) tiny MoE**: ``examples/hf_generate.py --check`` on tiny Qwen3-MoE, OLMoE and
   DeepSeek-V3: greedy tokens equal CPU.
 - **(c) full-size decode**, timing-only, batch 1, prompt 4, 2 new tokens
@@ -42,24 +45,34 @@ import torch  # noqa: E402
 import kbtorch  # noqa: E402
 from _report import finish, target  # noqa: E402
 
-REFUSED = (("deepseek-v3", "maia200"), ("mixtral-8x22b", "maia200"), ("llama3-70b", "maia200"))
+#: (model, machine, KV cache (batch, positions) or None). NOTE: Llama-3-70B's bf16 weights
+#: (141 GB) fit one maia200 (216 GB): it is refused with the cache of a serving batch (32 rows
+#: at its 8192-position context: 86 GB more).
+REFUSED = (("deepseek-v3", "maia200", None), ("mixtral-8x22b", "maia200", None), ("llama3-70b", "maia200", (32, 8192)))
 TINY = ("tiny-qwen3-moe", "tiny-olmoe", "tiny-deepseek-v3")
 FULL = (("qwen3-30b-a3b", "maia200"), ("deepseek-v3", "ahbm"))
 
 
-def hbm_check(name: str, topology: str) -> dict:
-    from kbtorch.models.hf import build
+def hbm_check(name: str, topology: str, cache: tuple | None) -> dict:
+    """``name`` (bf16, meta) moved to one ``topology``, then (``cache``) the KV cache of
+    (batch, positions) checked against what its weights leave (``check_cache_fits``): refused?"""
+    from kbtorch.models.hf import build, check_cache_fits, kv_cache
     from kbtorch.tensor.memory import HbmFull
     model, _ = build(name, torch.bfloat16, timing_only=True)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv = sum(b for _, _, b in kv_cache(model.config, *cache, 2)) if cache else 0
     t0 = time.perf_counter()
-    with kbtorch.use(topology), kbtorch.timing_only():
+    with kbtorch.use(topology) as machine, kbtorch.timing_only():
         try:
             model.to("ahbm")
+            if cache:
+                check_cache_fits(model, *cache)
             error = None
         except HbmFull as exc:
             error = str(exc)
-    return dict(model=name, topology=topology, gb=nbytes / 1e9, refused=error, seconds=time.perf_counter() - t0)
+        hbm = machine.capacity("hbm", 0)
+    return dict(model=name, topology=topology, gb=nbytes / 1e9, cache=cache, cache_gb=kv / 1e9, hbm_gb=hbm / 1e9,
+                refused=error, seconds=time.perf_counter() - t0)
 
 
 def generate(name: str, *flags: str) -> dict:
@@ -170,12 +183,15 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    checks = [hbm_check(m, t) for m, t in REFUSED]
+    checks = [hbm_check(*row) for row in REFUSED]
     targets = []
     for c in checks:
-        print(f"{c['model']} ({c['gb']:.1f} GB bf16) on {c['topology']}: "
+        what = f"{c['model']} ({c['gb']:.1f} GB bf16"
+        if c["cache"]:
+            what += f" + KV cache of batch {c['cache'][0]} x {c['cache'][1]} positions, {c['cache_gb']:.1f} GB"
+        print(f"{what}) on {c['topology']} ({c['hbm_gb']:.1f} GB): "
               f"{'HbmFull in %.2f s: %s' % (c['seconds'], c['refused']) if c['refused'] else 'fits'}")
-        targets.append(target(f"{c['model']} on one {c['topology']}: HbmFull before any work",
+        targets.append(target(f"{what}) on one {c['topology']}: HbmFull before any work",
                               f"HbmFull in {c['seconds']:.2f} s" if c["refused"] else f"fits ({c['gb']:.1f} GB)",
                               bool(c["refused"]) and c["seconds"] < 5))
     tiny = [generate(name, "--check", "--prompt-len", "8", "--new-tokens", "2", "--batch", "2") for name in TINY]

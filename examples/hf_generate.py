@@ -10,7 +10,8 @@ mesh chips x PEs, across the chips and inside each, partial sums reduced inside 
 then across chips); the KV cache is
 the one the model uses: ``DynamicCache`` (``--cache dynamic``, Hugging Face's default: each
 step concatenates the whole cache) or ``StaticCache`` (``--cache static``: preallocated, each
-step writes its new keys and values in place). ``--kernels fused`` (default) runs the RMSNorm
+step writes its new keys and values in place); a cache of the run's batch and positions that
+the HBM left by the weights cannot hold is refused (``HbmFull``) before any work. ``--kernels fused`` (default) runs the RMSNorm
 layers as one fused op each (``kbtorch.models.hf.fuse_norms``, as a serving stack's kernel does);
 ``--kernels eager`` runs the layers' own op-by-op chain. Reported, as serving people look
 at it: time to first token (the prefill forward), time per output token (each decode
@@ -39,7 +40,8 @@ import torch
 import kbtorch
 from kbtorch import limits
 from kbtorch.cli import ArgumentParser, run_script
-from kbtorch.models.hf import CONFIGS, TINY_EXTRA, build, config, fuse_norms, place_plan, place_tp
+from kbtorch.models.hf import (CONFIGS, TINY_EXTRA, build, check_cache_fits, config, fuse_norms, kv_cache, place_plan,
+                               place_tp)
 from kbtorch.tensor.stream import clock_ns
 
 #: The tiny presets (seeded random weights: data by default); "tiny" is tiny-qwen2.
@@ -205,6 +207,8 @@ def run(args, graph: bool = False):
             plan, where = parallel_plan(args, model), None
         else:
             plan, where = place_plan(model, args.tp, args.dp)
+        with kbtorch.home(where) if where else nullcontext():
+            check_cache_fits(model, args.batch // args.dp, args.prompt_len + args.new_tokens)
     clock = StepClock(model, plan, where)
     if graph:
         kbtorch.graphed(model)
@@ -223,11 +227,7 @@ def step_bytes(model, batch: int, context: int) -> int:
     share = min(1.0, batch * cfg.num_experts_per_tok / experts) if experts else 1.0
     weights = sum(p.numel() * p.element_size() * (share if ".experts." in n else 1.0)
                   for n, p in model.named_parameters() if "embed_tokens" not in n)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    # NOTE: multi-head latent attention (DeepSeek-V3) caches keys of qk_head_dim and values of v_head_dim per head.
-    kv_dims = (getattr(cfg, "qk_head_dim", head_dim), getattr(cfg, "v_head_dim", head_dim))
-    eb = next(model.parameters()).element_size()
-    kv = cfg.num_hidden_layers * batch * cfg.num_key_value_heads * sum(kv_dims) * context * eb
+    kv = sum(nbytes for _, _, nbytes in kv_cache(cfg, batch, context, next(model.parameters()).element_size()))
     return round(weights) + kv
 
 

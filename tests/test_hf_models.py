@@ -88,3 +88,27 @@ def test_a_config_json_or_snapshot_folder_builds_the_model(tmp_path):
         config("nowhere")
     with pytest.raises(ValueError, match="the folder has no config.json"):
         config(str(tmp_path / "empty") if (tmp_path / "empty").mkdir() is None else "")
+
+
+def test_a_kv_cache_past_the_hbm_left_is_refused_before_any_work():
+    """``check_cache_fits``: the cache of batch x positions against the HBM the weights left,
+    named by its first layer past a node's free bytes; nothing is booked either way."""
+    from pathlib import Path
+
+    import kbtorch
+    from kbtorch.models.hf import check_cache_fits, kv_cache
+    from kbtorch.tensor.memory import HbmFull, hbm_book
+    model, _ = build("tiny-llama", torch.bfloat16, timing_only=True)
+    assert [(n, s) for n, s, _ in kv_cache(model.config, 2, 16, 2)][:2] == \
+        [("cache.layers.0.keys", (2, 2, 16, 16)), ("cache.layers.0.values", (2, 2, 16, 16))]
+    with kbtorch.use(str(Path(__file__).parent / "data" / "tiny.toml")) as machine, kbtorch.timing_only():
+        model.to("ahbm")
+        free = hbm_book(machine).free(0)
+        check_cache_fits(model, 4, 64)
+        # 2 layers x keys and values x 2 heads x 16 x 2 bytes = 256 bytes a position and row,
+        # spread over every HBM node: twice what they have free
+        rows = 2 * len(hbm_book(machine).nodes) * free // (256 * 2**20) + 1
+        with pytest.raises(HbmFull, match=rf"the KV cache of batch {rows} x {2**20} positions does not fit the HBM "
+                                          r"of 'tiny' \(.* GB in all\): 'cache\.layers\.[01]\.(keys|values)'"):
+            check_cache_fits(model, rows, 2**20)
+        assert hbm_book(machine).free(0) == free

@@ -188,6 +188,32 @@ def place_plan(model, tp: int | None = None, dp: int = 1) -> tuple:
     return text, one if dp > 1 else None
 
 
+def kv_cache(cfg, batch: int, positions: int, eb: int) -> list:
+    """The key and value tensors a KV cache of ``batch`` x ``positions`` holds for every
+    layer of ``cfg``: ``(name, shape, bytes)``. NOTE: multi-head latent attention
+    (DeepSeek-V3) caches keys of ``qk_head_dim`` and values of ``v_head_dim`` per head."""
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dims = {"keys": getattr(cfg, "qk_head_dim", head), "values": getattr(cfg, "v_head_dim", head)}
+    return [(f"cache.layers.{i}.{kind}", shape, eb * batch * cfg.num_key_value_heads * positions * dim)
+            for i in range(cfg.num_hidden_layers) for kind, dim in dims.items()
+            for shape in [(batch, cfg.num_key_value_heads, positions, dim)]]
+
+
+def check_cache_fits(model, batch: int, positions: int) -> None:
+    """``HbmFull`` before any work if the KV cache ``model.generate()`` grows to (``batch`` x
+    ``positions``, in the weights' dtype) would not fit the HBM its weights left free on the
+    current machine (of the current scope, ``kbtorch.home``): named by its first layer past a
+    node's free bytes, the node and its PE. NOTE: placed by default (sharded over the PEs);
+    a chip's PEs share one HBM node, so how the heads split inside a chip does not matter."""
+    import kbtorch
+    from kbtorch.tensor.memory import hbm_book
+    machine = kbtorch.current_machine()
+    eb = next(model.parameters()).element_size()
+    items = kv_cache(model.config, batch, positions, eb)
+    hbm_book(machine).check_fits(f"the KV cache of batch {batch} x {positions} positions", items,
+                                 lambda shape: kbtorch.default_spec(machine, shape))
+
+
 def _fused_rms_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
     """``torch.nn.functional.rms_norm``: the norm in fp32, cast back, times the weight: the
     same arithmetic as the Hugging Face layers' forward, in one op."""
