@@ -2,6 +2,7 @@
 contention between concurrent collectives, algorithm trade-offs, auto selection, determinism
 and the errors of bad input."""
 import json
+from pathlib import Path
 import zlib
 
 import pytest
@@ -13,6 +14,8 @@ from kbtorch.ops.collective_concurrent import LINE_ALGOS, concurrent, line_algo,
 from kbtorch.ops.collective_group import make_grid, resolve_group
 from kbtorch.ops.collective_plan import ALGOS, KINDS, CollectiveError, schedule
 from kbtorch.topology import load_machine
+
+DATA = Path(__file__).parent / "data"
 
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 #: (rtol, atol) of a reduction over <= 8 members of randn values, by dtype.
@@ -154,12 +157,25 @@ def test_concurrent_groups_must_not_share_a_pe(ahbm):
 def test_on_groups_is_auto_in_grid_order_alone_and_the_best_line_algorithm_side_by_side(tiny):
     one = collective("all_gather", group=[0, 1, 2, 3], nbytes=4096, algo="auto", order="grid", machine=tiny)
     assert on_groups("all_gather", [(0, 1, 2, 3)], nbytes=4096, machine=tiny) == (one.latency_ns, one.algo)
-    algo = line_algo("all_reduce", (0, 1, 2, 3), 4096, "f16", tiny)
+    algo = line_algo("all_reduce", [(0, 1, 2, 3), (4, 5, 6, 7)], 4096, "f16", tiny)
     est = estimates("all_reduce", tiny, make_grid(tiny, [0, 1, 2, 3]), 4096, 2)
     assert algo in LINE_ALGOS and est[algo] == min(v for a, v in est.items() if a in LINE_ALGOS)
     specs = [dict(kind="all_reduce", group=list(g), nbytes=4096, algo=algo) for g in ((0, 1, 2, 3), (4, 5, 6, 7))]
     both = on_groups("all_reduce", [(0, 1, 2, 3), (4, 5, 6, 7)], nbytes=4096, machine=tiny)
     assert both == (max(concurrent(specs, machine=tiny)), algo) and both[0] > 0
+
+def test_lines_each_inside_a_chip_of_its_own_take_any_algorithm():
+    """Groups on chips of their own share no link: the least estimate of every algorithm;
+    lines across the chips (sharing the network) keep to the point-to-point ones."""
+    system = load_machine(str(DATA / "tiny_system.toml"))
+    per_chip = len(system.chip.pes)
+    inside = [tuple(range(c * per_chip, (c + 1) * per_chip)) for c in range(system.chips)]
+    est = estimates("reduce_scatter", system, make_grid(system, list(inside[0])), 2**16, 2)
+    best = min(est, key=est.get)
+    assert best not in LINE_ALGOS and line_algo("reduce_scatter", inside, 2**16, "f16", system) == best
+    across = [tuple(c * per_chip + p for c in range(system.chips)) for p in range(per_chip)]
+    assert line_algo("all_reduce", across, 2**16, "f16", system) in LINE_ALGOS
+
 
 # ---- algorithm trade-offs -----------------------------------------------------------------
 
