@@ -33,6 +33,15 @@ def test_capture_gives_eager_values_and_one_launch(small):
     assert "aten::silu" in g.report() and "g" in rec.kernel
 
 
+def test_each_node_names_the_users_source_line(small):
+    import inspect
+    xa = torch.randn(8, 32).to("ahbm")
+    with kbtorch.graph() as g:
+        line = inspect.currentframe().f_lineno + 1
+        torch.nn.functional.silu(xa)
+    assert [n.site for n in g.nodes] == [f"test_graph.py:{line}"]
+
+
 def test_replay_reads_the_inputs_anew_and_is_not_simulated_again(small):
     w, b = torch.randn(32, 32), torch.randn(32)
     fn = _fn(w.to("ahbm"), b.to("ahbm"))
