@@ -5,7 +5,8 @@ machine it models is ``kbtorch.current_machine()``, chosen with ``kbtorch.use``.
 """
 from .profiler import profile
 from .tensor.device import register as _register
-from .tensor.graph import Graph as graph, graphed
+from .tensor.graph import Graph as graph
+from .tensor.graphed import graphed
 from . import compile as _compile
 from .tensor.chips import chip_mesh
 from .tensor.expert_parallel import expert_parallel

@@ -26,7 +26,6 @@ control flow and host values read during capture (``.item()``) are fixed, as in 
 """
 from __future__ import annotations
 
-import functools
 import sys
 import weakref
 from dataclasses import dataclass, field, replace
@@ -359,32 +358,3 @@ def _record(graph: Graph, machine, plan, sched) -> None:
                     flops=sum(k.flops for k in plan.kernels), bytes=memory_bytes(machine, r, None),
                     bottleneck=kind_name(bottleneck(r)), detail=f"{len(graph.nodes)} ops, {len(graph.kernels)} kernels before "
                     f"fusion, {sched.commands} commands, one launch{how}", parts=tuple(parts))
-
-
-def graphed(fn, *, name: str | None = None, **options):
-    """``fn`` (a function or an ``nn.Module``) with every call captured and timed as one graph
-    (``Graph``): the values are eager's, the timing is the graph's, cached by what it ran,
-    so a call with the shapes of an earlier one is not simulated again (decode with a static
-    KV cache: one graph a step, simulated once). A module gets the wrapper as its
-    ``forward``; ``wrapper.graphs`` counts the calls and those simulated."""
-    module = fn if isinstance(fn, torch.nn.Module) else None
-    call = module.forward if module is not None else fn
-    label = name or getattr(type(module), "__name__", None) or getattr(fn, "__name__", "graph")
-
-    # NOTE: ``wraps``: the wrapper keeps ``call``'s signature; Hugging Face's ``generate()``
-    # reads it (a forward without ``logits_to_keep`` gets the LM head of every position).
-    @functools.wraps(call)
-    def wrapper(*args, **kwargs):
-        with Graph(name=label, **options) as g:
-            out = call(*args, **kwargs)
-        wrapper.graphs["calls"] += 1
-        wrapper.graphs["simulated"] += 0 if g.cached or g.retimed else 1
-        wrapper.graphs["retimed"] += 1 if g.retimed else 0
-        wrapper.last = g
-        return out
-
-    wrapper.graphs, wrapper.last = {"calls": 0, "simulated": 0, "retimed": 0}, None
-    if module is not None:
-        module.forward = wrapper
-        return module
-    return wrapper
