@@ -320,7 +320,8 @@ def main(argv=None) -> int:
               f"(batch {args.batch}); {rec['tokens_per_s']:.0f} tokens/s over the whole generate()")
     if rec.get("graphs"):
         print(f"graph mode: {rec['graphs']['calls']} forward calls, {rec['graphs']['simulated']} graphs simulated, "
-              f"{rec['graphs']['retimed']} re-timed from a like graph (the others replayed their timing)")
+              f"{rec['graphs']['retimed']} re-timed from a like graph (the others replayed their timing; "
+              f"{rec['graphs']['replayed']} static steps without host work)")
     if expect is not None:
         print(f"greedy tokens match CPU: {ok}")
     return 0 if ok else 1
