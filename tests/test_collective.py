@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import kbtorch.ops.collective as collective_module
+import kbtorch.ops.contract as contract
 from kbtorch.ops.collective import BUS_FACTOR, collective, estimates, torch_reference
 from kbtorch.ops.collective_concurrent import LINE_ALGOS, concurrent, line_algo, on_groups
 from kbtorch.ops.collective_group import make_grid, resolve_group
@@ -351,9 +352,9 @@ def test_auto_mode_runs_coarse_above_the_kernels_flit_crossings(ahbm, monkeypatc
     """``mode="auto"``: coarse above ``COARSE_FLIT_HOPS`` link crossings of the kernel's
     traffic (a 4 KiB ring over a CUBE crosses about a thousand)."""
     kw = dict(group="cube", nbytes=4 << 10, algo="ring", machine=ahbm)
-    monkeypatch.setattr(collective_module, "COARSE_FLIT_HOPS", 10_000)
+    monkeypatch.setattr(contract, "COARSE_FLIT_HOPS", 10_000)
     assert collective("all_reduce", **kw).mode == "fast"
-    monkeypatch.setattr(collective_module, "COARSE_FLIT_HOPS", 10)
+    monkeypatch.setattr(contract, "COARSE_FLIT_HOPS", 10)
     assert collective("all_reduce", **kw).mode == "coarse"
 
 

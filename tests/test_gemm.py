@@ -107,8 +107,21 @@ def test_auto_tiling_simulates_each_confirmed_candidate_once(tiny, monkeypatch):
     run = gemm(shape=(64, 64, 64), machine=tiny)
     assert len(calls) == len(set(calls)) == 2 and run.tiling in calls       # the winner's run is reused
     calls.clear()
-    again = gemm(shape=(64, 64, 64), machine=tiny, mode="coarse")          # another mode: its own run
-    assert len(calls) == 3 and again.tiling == run.tiling
+    again = gemm(shape=(64, 64, 64), machine=tiny, mode="coarse")          # another mode: confirmed in it
+    assert len(calls) == 2 and again.tiling == run.tiling and again.result.latency_ps != run.result.latency_ps
+
+
+def test_auto_mode_runs_coarse_above_the_gemms_flit_crossings(tiny, monkeypatch):
+    """``mode="auto"`` (the device's GEMMs): coarse above ``COARSE_FLIT_HOPS`` link crossings
+    of the kernel's traffic, else fast."""
+    import kbtorch.ops.contract as contract
+    tiling = GemmTiling((2, 2, 1), (32, 32, 32))
+    fast, coarse = (gemm(shape=(64, 128, 256), tiling=tiling, machine=tiny, mode=m).result.latency_ps
+                    for m in ("fast", "coarse"))
+    assert fast != coarse
+    assert gemm(shape=(64, 128, 256), tiling=tiling, machine=tiny, mode="auto").result.latency_ps == fast
+    monkeypatch.setattr(contract, "COARSE_FLIT_HOPS", 0)
+    assert gemm(shape=(64, 128, 256), tiling=tiling, machine=tiny, mode="auto").result.latency_ps == coarse
 
 
 @pytest.mark.parametrize("along", ["n", "k"])

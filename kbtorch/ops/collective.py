@@ -23,7 +23,7 @@ from ..sim.engine import paused_gc
 from ..sim.network import MODES
 from .. import limits
 from ..kernel import run_programs
-from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, dtype_of, register
+from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, dtype_of, register, sim_mode
 from . import collective_model as model
 from . import collective_units as units
 from .collective_choice import estimates, padded_bytes
@@ -48,13 +48,6 @@ COARSE_BYTES = 4 * 2**30
 # fast run reaches tens of seconds; small all-reduces stay well below it (and fast: coarse
 # is up to 7% off on them), as does a 1 KiB ring over one SIP (47 616).
 COARSE_COMMANDS = 50_000
-#: Above this many flit crossings of links by the kernel's own traffic (its busy time per
-#: link over that link's flit time, ``resource_ps``), ``mode="auto"`` runs coarse.
-# NOTE: fast mode's events follow the flits it moves hop by hop (about one event per 4 to 5
-# crossings): the grid-order 2d reduce-scatter of 896 KiB over 256 PEs crosses 11.8 M
-# (2.5 M events, 13-17 s fast; coarse 3.4 s, -1.9%), its all-gather 4.0 M (1.1 M events,
-# 7-8 s), a 7 KiB all-reduce 0.19 M (2 s). 8 M is where a fast run passes about 10 s.
-COARSE_FLIT_HOPS = 8_000_000
 
 
 @dataclass(kw_only=True)
@@ -165,15 +158,11 @@ def _build(kind, algo, machine, grid, nbytes, eb, dtype, op, root, packet_bytes,
 def _mode(mode: str, machine, nbytes: int, pes, programs: dict, busy: dict) -> str:
     """The simulation mode of ``mode="auto"``: coarse when the collective moves more than
     ``COARSE_BYTES`` in all (nbytes x members x 3), its kernel has more than
-    ``COARSE_COMMANDS`` commands or its traffic crosses links more than ``COARSE_FLIT_HOPS``
-    times (``busy``: its resource load), else fast; an explicit mode as given."""
-    if mode != "auto":
-        return mode
-    edges = machine.graph.edges
-    hops = sum(ps // edges[r]["flit_ps"] for r, ps in busy.items() if isinstance(r, tuple))
-    big = (3 * nbytes * len(pes) > COARSE_BYTES or sum(len(c) for c in programs.values()) > COARSE_COMMANDS
-           or hops > COARSE_FLIT_HOPS)
-    return "coarse" if big else "fast"
+    ``COARSE_COMMANDS`` commands or its traffic crosses links more than
+    ``contract.COARSE_FLIT_HOPS`` times (``busy``: its resource load, ``sim_mode``), else
+    fast; an explicit mode as given."""
+    big = 3 * nbytes * len(pes) > COARSE_BYTES or sum(len(c) for c in programs.values()) > COARSE_COMMANDS
+    return sim_mode(mode, machine, programs, busy, big)
 
 
 def collective(kind: str, shards=None, *, group="all", algo: str = "auto", op: str = "sum", root: int = 0,

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import limits
-from ..kernel import launch
+from ..kernel import build, run_programs
 from ..sim.simulator import RunResult
-from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, check_pes, dtype_of, register, tflops
+from .contract import (DTYPES, OpFamily, OpRun, Param, Sample, as_machine, check_pes, dtype_of, register, sim_mode,
+                       tflops)
 from .gemm_kernel import gemm_kernel
 from .gemm_model import NEAR, GemmEstimate, candidates, estimate, fit_counts, multicast_gangs
 from .gemm_plan import GemmTiling, check_shape, output_tiles, plan, split, steps
@@ -53,17 +54,19 @@ class GemmRun(OpRun):
 
 def simulate(machine, m, n, k, dtype, pes, tiling, composite=True, mode="fast", trace=False,
              out_dtype=None) -> RunResult:
-    """The timing pass alone."""
+    """The timing pass alone (``mode="auto"``: coarse or fast by the built programs' link
+    load, ``contract.sim_mode``)."""
     used = pes[: tiling.grid[0] * tiling.grid[1] * tiling.grid[2]]
     blocks = plan(m, n, k, used, tiling)
     gangs = multicast_gangs(machine, blocks, tiling) if composite else {}
-    return launch(gemm_kernel, used, machine, {s.pe: s for s in blocks}, tiling, dtype, composite, out_dtype, gangs,
-                  mode=mode, trace=trace, name="gemm")
+    programs = build(gemm_kernel, used, machine, {s.pe: s for s in blocks}, tiling, dtype, composite, out_dtype, gangs,
+                     name="gemm")
+    return run_programs(programs, machine, mode=sim_mode(mode, machine, programs), trace=trace)
 
 
-def auto_tiling(machine, m, n, k, dtype, pes, out_dtype=None) -> tuple[GemmTiling, RunResult | None]:
+def auto_tiling(machine, m, n, k, dtype, pes, out_dtype=None, mode="fast") -> tuple[GemmTiling, RunResult | None]:
     """The best analytic candidates, confirmed by simulation: -> (tiling, its confirming run
-    (composite, fast mode, no trace), None when there was no need to confirm)."""
+    (composite, in ``mode``, no trace), None when there was no need to confirm)."""
     ranked = candidates(machine, m, n, k, dtype, pes, out_dtype)
     if not ranked:
         raise ValueError(f"gemm: no tiling of M={m} N={n} K={k} {dtype} fits the TCM of {len(pes)} PEs")
@@ -71,7 +74,7 @@ def auto_tiling(machine, m, n, k, dtype, pes, out_dtype=None) -> tuple[GemmTilin
     close = [t for e, t in ranked[:CONFIRM] if e.ns <= NEAR * best]
     if len(close) == 1 or _tiles(m, n, k, close[0]) > CONFIRM_TILES:
         return close[0], None
-    runs = [(simulate(machine, m, n, k, dtype, pes, t, out_dtype=out_dtype), t) for t in close]
+    runs = [(simulate(machine, m, n, k, dtype, pes, t, mode=mode, out_dtype=out_dtype), t) for t in close]
     result, tiling = min(runs, key=lambda rt: rt[0].latency_ps)
     return tiling, result
 
@@ -154,13 +157,13 @@ def gemm(a=None, b=None, *, shape=None, dtype=None, out_dtype=None, pes=None, ti
             raise ValueError("gemm: give slices or tiling, not both")
         tiling = slice_tiling(machine, m, n, k, dtype, pes, slices, out_dtype)
     elif tiling is None:
-        tiling, result = auto_tiling(machine, m, n, k, dtype, pes, out_dtype)
+        tiling, result = auto_tiling(machine, m, n, k, dtype, pes, out_dtype, mode)
     limits.check("tiles", _tiles(m, n, k, tiling), f"gemm M={m} N={n} K={k} with {tiling.describe()}")
     need = tiling.grid[0] * tiling.grid[1] * tiling.grid[2]
     if need > len(pes):
         raise ValueError(f"gemm: grid {tiling.grid} needs {need} PEs but the group has {len(pes)}")
     used = pes[:need]
-    if result is None or not composite or mode != "fast" or trace:
+    if result is None or not composite or trace:
         result = simulate(machine, m, n, k, dtype, pes, tiling, composite, mode, trace, out_dtype)
     c = numeric(a, b, pes, tiling, DTYPES[out_dtype].torch) if a is not None else None
     est = estimate(machine, m, n, k, dtype, pes, tiling, out_dtype)

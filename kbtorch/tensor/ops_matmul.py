@@ -36,9 +36,12 @@ aten = torch.ops.aten
 def _gemm(machine, m: int, n: int, k: int, dtype: str, slices: str | None = None, pes: tuple | None = None):
     """The GEMM on all PEs (``fit``: or on as many as a small shape can use), or with
     ``slices`` ("n", "k") every PE of ``pes`` multiplying its own slice of the operands
-    from its HBM."""
+    from its HBM; simulated coarse when its traffic is large (``mode="auto"``,
+    ``ops.contract.sim_mode``: a prefill GEMM on a 36-tile maia200 chip within 0.05% of fast,
+    20 x faster), else fast."""
     try:
-        return gemm(shape=(m, n, k), dtype=dtype, machine=machine, pes=pes, slices=slices, fit=slices is None)
+        return gemm(shape=(m, n, k), dtype=dtype, machine=machine, pes=pes, slices=slices, fit=slices is None,
+                    mode="auto")
     except ValueError as exc:
         raise NotImplementedError(f"kbtorch: no GEMM tiling for M={m} N={n} K={k} {dtype}: {exc}") from None
 
