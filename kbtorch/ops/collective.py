@@ -211,17 +211,8 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, pac
     cands = estimates(kind, machine, grid, nbytes, eb, root, packet_bytes, order) if algo == "auto" else {}
     if algo == "auto" and not cands:
         raise CollectiveError(f"{kind}: no algorithm applies to {nbytes} bytes over {len(pes)} members")
-    ranked = sorted(cands, key=lambda a: (cands[a], ALGOS.index(a))) if cands else [algo]
-    built = []
-    for i, name in enumerate(ranked):
-        sched, kernel, programs, busy, startup = _build(kind, name, machine, grid, nbytes, eb, dtype, op, root,
-                                                        packet_bytes, order)
-        built.append((max(startup, max(busy.values())), i, name, sched, kernel, programs, busy, startup))
-        # NOTE: the estimate can miss what the built kernel shows (its busiest resource, e.g.
-        # command issue): take the next candidate while this one's bound exceeds its estimate.
-        if i + 1 == len(ranked) or built[-1][0] <= cands[ranked[i + 1]]:
-            break
-    _, _, algo, sched, kernel, programs, busy, startup = min(built)
+    algo, sched, kernel, programs, busy, startup = choose(kind, machine, grid, nbytes, eb, dtype, op, root,
+                                                          packet_bytes, order, cands or {algo: 0})
     mode = _mode(mode, machine, nbytes, pes, programs, busy)
     result = run_programs(programs, machine, mode=mode)
     worst = max(busy, key=lambda r: (busy[r], model.describe(r)))
@@ -236,6 +227,23 @@ def _collective(kind, shards, group, algo, op, root, nbytes, dtype, machine, pac
                          bound_ps=bound, plan=algo, algo=algo, reduction=op, nbytes=nbytes, mode=mode,
                          startup_ps=startup, limiter="startup" if startup >= busy[worst] else model.describe(worst),
                          candidates=cands, root=root, packet_bytes=kernel.packet_elems * eb, outputs=outputs)
+
+
+def choose(kind, machine, grid, nbytes, eb, dtype, op, root, packet_bytes, order, cands: dict) -> tuple:
+    """The candidate (of ``cands``: algorithm -> estimate) whose built kernel has the least
+    bound, taken in the order of the estimates: -> (algorithm, schedule, kernel, programs,
+    resource load, startup). NOTE: the estimate can miss what the built kernel shows (its
+    busiest resource, e.g. command issue): the next candidate is built while this one's
+    bound exceeds the next one's estimate."""
+    ranked = sorted(cands, key=lambda a: (cands[a], ALGOS.index(a) if a in ALGOS else len(ALGOS)))
+    built = []
+    for i, name in enumerate(ranked):
+        sched, kernel, programs, busy, startup = _build(kind, name, machine, grid, nbytes, eb, dtype, op, root,
+                                                        packet_bytes, order)
+        built.append((max(startup, max(busy.values())), i, name, sched, kernel, programs, busy, startup))
+        if i + 1 == len(ranked) or built[-1][0] <= cands[ranked[i + 1]]:
+            break
+    return min(built)[2:]
 
 
 def _across(kind, shards, group, algo, op, root, nbytes, dtype, machine, packet_bytes, mode, order) -> CollectiveRun:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..kernel import run_programs
 from . import collective_model as model
-from .collective import _mode, collective, estimates, padded_bytes
+from .collective import _mode, choose, collective, estimates, padded_bytes
 from .collective_group import make_grid, resolve_group
 from .collective_kernel import CollectiveKernel
 from .collective_plan import CollectiveError, schedule
@@ -85,24 +85,29 @@ def on_groups_run(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", m
 
 
 def line_algo(kind: str, groups: list, nbytes: int, dtype: str, machine) -> str:
-    """The algorithm of several groups side by side: the one with the least estimate for the
-    first group alone (``collective_choice.estimates``); among those whose every step goes
-    from one member to one other (``LINE_ALGOS``; ``ring`` if none applies) unless every
-    group lies inside a chip of its own.
+    """The algorithm of several groups side by side, chosen for the first group alone: among
+    those whose every step goes from one member to one other (``LINE_ALGOS``; ``ring`` if
+    none applies) the one with the least estimate (``collective_choice.estimates``), or,
+    when every group lies inside a chip of its own, among all of them as one group's
+    ``algo="auto"`` chooses (``collective.choose``: the estimates checked against the built
+    kernels' bounds).
 
     NOTE: lines of a mesh dimension across chips are latency-bound for a decode step's
     activations: a ring of n chips takes 2(n - 1) network steps, recursive doubling log2 n.
     The estimate sees one group; groups that share links (lines across chips, or on one
     chip) then contend, which the concurrent run times but the estimate does not, and
     algorithms sending to many members at once (direct, 2d, hier) suffer that most. Groups
-    each on a chip of its own share no link, so the one-group estimate holds for every
-    algorithm (Llama-3-70B TP 8 on maia200_x8: the reduce-scatter of a decode step's 256 KiB
-    over each chip's 36 tiles, 2d 5.6 us against ring 9.0)."""
+    each on a chip of its own share no link, so every algorithm is a candidate (Llama-3-70B
+    TP 8 on maia200_x8: a decode step's 256 KiB reduce-scatter over each chip's 36 tiles,
+    2d 5.6 us against ring 9.0; a prefill's 32 MiB, ring 182 us, where 2d's estimate is as
+    low as ring's and it takes 488)."""
     grid = make_grid(machine, resolve_group(machine, list(groups[0])))
     chips = [{machine.chip_of(pe) for pe in g} for g in groups]
-    apart = all(len(c) == 1 for c in chips) and len(set().union(*chips)) == len(groups)
-    est = {a: ps for a, ps in estimates(kind, machine, grid, nbytes, DTYPES[dtype].bytes).items()
-           if apart or a in LINE_ALGOS}
+    eb = DTYPES[dtype].bytes
+    if all(len(c) == 1 for c in chips) and len(set().union(*chips)) == len(groups):
+        cands = estimates(kind, machine, grid, nbytes, eb)
+        return choose(kind, machine, grid, nbytes, eb, dtype, "sum", 0, None, "rank", cands)[0] if cands else "ring"
+    est = {a: ps for a, ps in estimates(kind, machine, grid, nbytes, eb).items() if a in LINE_ALGOS}
     return min(est, key=est.get) if est else "ring"
 
 
