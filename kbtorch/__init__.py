@@ -10,6 +10,7 @@ from .tensor.graphed import graphed
 from . import compile as _compile
 from .tensor.chips import chip_mesh
 from .tensor.expert_parallel import expert_parallel
+from .tensor.memory import HbmFull, check_hbm
 from .tensor.mesh import init_device_mesh, replica
 from .tensor.parallel import ColwiseParallel, ReplicateParallel, RowwiseParallel, parallelize_module, tp_plan
 from .tensor.pipeline import pipeline_parallel
@@ -20,7 +21,7 @@ from .topology import current_machine, use
 _register()
 _compile.listen_for_breaks()
 
-__all__ = ["graph", "graphed", "ColwiseParallel", "Mesh", "Partial", "Replicate", "ReplicateParallel",
-           "RowwiseParallel", "Shard", "chip_mesh", "current_machine", "default_spec", "distribute_tensor",
+__all__ = ["graph", "graphed", "ColwiseParallel", "HbmFull", "Mesh", "Partial", "Replicate", "ReplicateParallel",
+           "RowwiseParallel", "Shard", "check_hbm", "chip_mesh", "current_machine", "default_spec", "distribute_tensor",
            "expert_parallel", "home", "init_device_mesh", "parallelize_module", "pipeline_parallel", "profile",
            "replica", "timing_only", "tp_plan", "use"]

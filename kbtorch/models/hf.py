@@ -206,12 +206,8 @@ def check_cache_fits(model, batch: int, positions: int) -> None:
     node's free bytes, the node and its PE. NOTE: placed by default (sharded over the PEs);
     a chip's PEs share one HBM node, so how the heads split inside a chip does not matter."""
     import kbtorch
-    from kbtorch.tensor.memory import hbm_book
-    machine = kbtorch.current_machine()
     eb = next(model.parameters()).element_size()
-    items = kv_cache(model.config, batch, positions, eb)
-    hbm_book(machine).check_fits(f"the KV cache of batch {batch} x {positions} positions", items,
-                                 lambda shape: kbtorch.default_spec(machine, shape))
+    kbtorch.check_hbm(f"the KV cache of batch {batch} x {positions} positions", kv_cache(model.config, batch, positions, eb))
 
 
 def _fused_rms_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,8 @@ import weakref
 from math import prod
 
 from ..runtime.memory import AllocationError, Memories
-from .placement import Shard
+from ..topology import current_machine
+from .placement import Shard, default_spec
 
 
 class HbmFull(MemoryError):
@@ -166,3 +167,12 @@ def hbm_book(machine) -> HbmBook:
     if machine not in _BOOKS:
         _BOOKS[machine] = HbmBook(machine)
     return _BOOKS[machine]
+
+
+def check_hbm(what: str, tensors: list) -> None:
+    """``HbmFull`` before anything is allocated if ``tensors`` (``(name, shape, nbytes)`` in
+    order), each placed as a new ahbm tensor is by default (``default_spec``: over the PEs of
+    the current machine, or of the scope's), would not all fit in the HBM free now; nothing
+    is booked either way (``HbmBook.check_fits``). ``what`` names them in the error."""
+    machine = current_machine()
+    hbm_book(machine).check_fits(what, tensors, lambda shape: default_spec(machine, shape))

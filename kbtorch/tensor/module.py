@@ -19,10 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..topology import current_machine
 from .dispatch import is_ahbm
-from .memory import hbm_book
-from .placement import default_spec
+from .memory import check_hbm
 
 TORCH_APPLY = nn.Module._apply
 
@@ -73,8 +71,7 @@ def check_fits(module: nn.Module, fn, recurse: bool) -> None:
         if is_ahbm(probe):
             items.append((name, tuple(t.shape), t.numel() * probe.element_size()))
     if items:
-        machine = current_machine()
-        hbm_book(machine).check_fits(type(module).__name__, items, lambda shape: default_spec(machine, shape))
+        check_hbm(type(module).__name__, items)
 
 
 def apply_all_or_nothing(self: nn.Module, fn, recurse: bool = True) -> nn.Module:
