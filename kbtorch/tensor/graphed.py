@@ -41,7 +41,8 @@ _PLAIN = (type(None), bool, int, float, complex, str, torch.dtype, torch.device)
 
 
 class _Unknown(Exception):
-    """The state of a call cannot be told (data in an ahbm tensor, a large host tensor)."""
+    """A call that cannot be replayed: a host tensor too large to compare or not on the CPU, or
+    an output passed through from its own arguments."""
 
 
 def state(args, kwargs, module=None) -> tuple | None:
