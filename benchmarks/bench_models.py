@@ -57,7 +57,6 @@ def hbm_check(name: str, topology: str, cache: tuple | None) -> dict:
     """``name`` (bf16, meta) moved to one ``topology``, then (``cache``) the KV cache of
     (batch, positions) checked against what its weights leave (``check_cache_fits``): refused?"""
     from kbtorch.models.hf import build, check_cache_fits, kv_cache
-    from kbtorch.tensor.memory import HbmFull
     model, _ = build(name, torch.bfloat16, timing_only=True)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     kv = sum(b for _, _, b in kv_cache(model.config, *cache, 2)) if cache else 0
@@ -68,7 +67,7 @@ def hbm_check(name: str, topology: str, cache: tuple | None) -> dict:
             if cache:
                 check_cache_fits(model, *cache)
             error = None
-        except HbmFull as exc:
+        except kbtorch.HbmFull as exc:
             error = str(exc)
         hbm = machine.capacity("hbm", 0)
     return dict(model=name, topology=topology, gb=nbytes / 1e9, cache=cache, cache_gb=kv / 1e9, hbm_gb=hbm / 1e9,
