@@ -104,10 +104,10 @@ def line_algo(kind: str, groups: list, nbytes: int, dtype: str, machine) -> str:
     grid = make_grid(machine, resolve_group(machine, list(groups[0])))
     chips = [{machine.chip_of(pe) for pe in g} for g in groups]
     eb = DTYPES[dtype].bytes
+    cands = estimates(kind, machine, grid, nbytes, eb)
     if all(len(c) == 1 for c in chips) and len(set().union(*chips)) == len(groups):
-        cands = estimates(kind, machine, grid, nbytes, eb)
         return choose(kind, machine, grid, nbytes, eb, dtype, "sum", 0, None, "rank", cands)[0] if cands else "ring"
-    est = {a: ps for a, ps in estimates(kind, machine, grid, nbytes, eb).items() if a in LINE_ALGOS}
+    est = {a: ps for a, ps in cands.items() if a in LINE_ALGOS}
     return min(est, key=est.get) if est else "ring"
 
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .dispatch import DEVICE, is_ahbm, root
+from .dispatch import is_ahbm, root
 from .graph import Graph, Slot
-from .ops_meta import QUERIES
+from .ops_meta import QUERIES, leaves_device
 from .tensor import AhbmTensor, is_timing_only
 
 #: How deep ``state`` looks into the attributes of the objects a call is given (a KV cache:
@@ -65,7 +65,7 @@ def _walk(x, path: tuple, depth: int, held: bool, out: list) -> None:
     if isinstance(x, torch.Tensor):
         if is_ahbm(x):
             ident = (id(x), id(root(x))) if held else None
-            out.append((path, ident, tuple(x.shape), x.stride(), x.dtype, x._spec))
+            out.append((path, "ahbm", ident, tuple(x.shape), x.stride(), x.dtype, x._spec))
         elif x.device.type == "cpu" and x.numel() <= HOST_ELEMS:
             out.append((path, "host", tuple(x.shape), x.dtype, tuple(x.flatten().tolist())))
         else:
@@ -92,8 +92,7 @@ def reads_host(g: Graph) -> bool:
     copy off the device): its control flow may hang on them, so it is captured every call."""
     for node in g.nodes:
         name = node.func.overloadpacket.__name__
-        device = node.kwargs.get("device")
-        if name in QUERIES or (name in ("_to_copy", "to") and device is not None and torch.device(device).type != DEVICE) \
+        if name in QUERIES or leaves_device(node.func, node.kwargs) \
                 or (name == "copy_" and not isinstance(node.args[0], Slot) and not is_ahbm(node.args[0])):
             return True
     return False
@@ -119,7 +118,7 @@ class Outputs:
     def __init__(self, out, args, kwargs, seen: tuple):
         leaves, self.spec = tree_flatten(out)
         given = {id(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        held = {entry[1][0] for entry in seen if len(entry) == 6 and isinstance(entry[1], tuple)}
+        held = {entry[2][0] for entry in seen if entry[1] == "ahbm" and entry[2] is not None}
         self.leaves = []
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor) and id(leaf) not in held:
@@ -156,22 +155,21 @@ def graphed(fn, *, name: str | None = None, host_replay: bool = True, **options)
         if before is not None and before in static:
             g, outputs = static[before]
             g.run()
+            out = outputs.make()
             wrapper.graphs["replayed"] += 1
-            wrapper.graphs["simulated"] += 0 if g.cached or g.retimed else 1
-            wrapper.last = g
-            return outputs.make()
-        with Graph(name=label, **options) as g:
-            out = call(*args, **kwargs)
+        else:
+            with Graph(name=label, **options) as g:
+                out = call(*args, **kwargs)
+            wrapper.graphs["retimed"] += 1 if g.retimed else 0
+            if before is not None and g.kernels and not reads_host(g) and state(args, kwargs, module) == before:
+                try:
+                    static[before] = (g, Outputs(out, args, kwargs, before))
+                except _Unknown:
+                    pass
+                while len(static) > STATIC_MAX:
+                    del static[next(iter(static))]
         wrapper.graphs["simulated"] += 0 if g.cached or g.retimed else 1
-        wrapper.graphs["retimed"] += 1 if g.retimed else 0
         wrapper.last = g
-        if before is not None and g.kernels and not reads_host(g) and state(args, kwargs, module) == before:
-            try:
-                static[before] = (g, Outputs(out, args, kwargs, before))
-            except _Unknown:
-                pass
-            while len(static) > STATIC_MAX:
-                del static[next(iter(static))]
         return out
 
     wrapper.graphs, wrapper.last = {"calls": 0, "simulated": 0, "retimed": 0, "replayed": 0}, None

@@ -23,11 +23,17 @@ HOST_WRITES = ("zero_", "fill_", "normal_", "uniform_", "random_", "bernoulli_",
                "set_", "resize_")
 
 
-def off_device(func, args, kwargs):
-    """A copy to another device (``_to_copy``/``to`` with a ``device`` that is not ahbm):
-    the value there as a plain tensor; None for anything else."""
+def leaves_device(func, kwargs) -> bool:
+    """Whether ``func`` is a copy to another device (``_to_copy``/``to`` with a ``device``
+    that is not ahbm)."""
     device = kwargs.get("device")
-    if func.overloadpacket not in (aten._to_copy, aten.to) or device is None or torch.device(device).type == DEVICE:
+    return func.overloadpacket in (aten._to_copy, aten.to) and device is not None and torch.device(device).type != DEVICE
+
+
+def off_device(func, args, kwargs):
+    """A copy to another device (``leaves_device``): the value there as a plain tensor; None
+    for anything else."""
+    if not leaves_device(func, kwargs):
         return None
     if args[0]._value.is_meta:
         raise RuntimeError(f"kbtorch: this ahbm tensor {tuple(args[0].shape)} was made in timing-only mode "
