@@ -57,8 +57,8 @@ def occupy(ts: list, us: list, h, t_end, work) -> None:
     f = work / spare if spare > work else 1.0
     for i in range(i0, i1):
         us[i] += f * (1.0 - us[i])
-    i = min(len(us), i1 + 1) - 1
-    while i > max(0, i0 - 1):
+    i, stop = min(len(us), i1 + 1) - 1, max(0, i0 - 1)
+    while i > stop:
         if us[i] == us[i - 1]:
             del us[i]
             del ts[i]

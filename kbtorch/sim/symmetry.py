@@ -169,34 +169,53 @@ def _namer(unit: str):
     """Node names relative to ``unit``; a node outside it relative to the innermost level
     of the unit that holds it (``^1:pcie_e``), else absolute."""
     outer = _levels(unit)[1:]
+    seen: dict = {}
 
     def rel(node: str) -> str:
-        if node.startswith(unit):
-            return node[len(unit):]
-        for i, prefix in enumerate(outer, 1):
-            if node.startswith(prefix):
-                return f"^{i}:{node[len(prefix):]}"
-        return f"/{node}"
+        # NOTE: memoised: a unit's commands name few nodes, many times each.
+        got = seen.get(node)
+        if got is None:
+            got = seen[node] = _relative(node, unit, outer)
+        return got
     return rel
+
+
+def _relative(node: str, unit: str, outer: list) -> str:
+    if node.startswith(unit):
+        return node[len(unit):]
+    for i, prefix in enumerate(outer, 1):
+        if node.startswith(prefix):
+            return f"^{i}:{node[len(prefix):]}"
+    return f"/{node}"
+
+
+_PLAIN = (int, float, str, bool, type(None))
+_FIELDS: dict = {}      # dataclass type -> its field names
 
 
 def _canon(x, rel, rel_pe):
     """A hashable form of a command with node names and PE ids relative to its unit."""
-    if isinstance(x, Loc):
+    t = type(x)
+    if t in _PLAIN:
+        return x
+    if t is Loc:
         return ("loc", rel(x.node), x.addr)
-    if is_dataclass(x):
-        out = [type(x).__name__]
-        for f in fields(x):
-            v = getattr(x, f.name)
-            if f.name == "dst_pe":
-                v = rel_pe(v)
-            elif f.name == "notify":
-                v = tuple((rel_pe(p), s) for p, s in v)
-            out.append(_canon(v, rel, rel_pe))
-        return tuple(out)
-    if isinstance(x, tuple):
-        return tuple(_canon(v, rel, rel_pe) for v in x)
-    return x
+    if t is tuple:
+        return tuple([_canon(v, rel, rel_pe) for v in x])
+    names = _FIELDS.get(t)
+    if names is None:
+        if not is_dataclass(x):
+            return tuple(_canon(v, rel, rel_pe) for v in x) if isinstance(x, tuple) else x
+        names = _FIELDS[t] = tuple(f.name for f in fields(x))
+    out = [t.__name__]
+    for name in names:
+        v = getattr(x, name)
+        if name == "dst_pe":
+            v = rel_pe(v)
+        elif name == "notify":
+            v = tuple((rel_pe(p), s) for p, s in v)
+        out.append(_canon(v, rel, rel_pe))
+    return tuple(out)
 
 
 @lru_cache(maxsize=4096)

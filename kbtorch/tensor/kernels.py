@@ -66,7 +66,7 @@ def vector(machine, op: str, numel: int, *, placed=None, pes=None, shape=None, i
 def _vector(machine, op, n, pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio):
     # NOTE: cached: the simulator is deterministic, so a layer repeated 28 times is simulated once.
     run = elementwise(op, n, inputs=inputs, dtype=dtype, elem_bytes=elem_bytes, machine=machine, pes=pes,
-                      flops_per_element=flops_per_element, out_ratio=out_ratio)
+                      flops_per_element=flops_per_element, out_ratio=out_ratio, mode="auto")
     # NOTE: what graph-mode fusion (``tensor.fusion``) needs to build the fused pass.
     run.result.vector = VectorPass(op, n, pes, inputs, dtype, elem_bytes, run.flops // n, out_ratio)
     return run.result

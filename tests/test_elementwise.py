@@ -1,0 +1,26 @@
+"""The vector pass's simulation mode: ``mode="auto"`` counts the traffic it simulates."""
+import kbtorch.ops.contract as contract
+from kbtorch.kernel import build
+from kbtorch.ops.elementwise import elementwise, elementwise_kernel, pass_mode
+from kbtorch.topology import load_machine
+
+
+def test_auto_counts_the_symmetry_reduced_traffic(ahbm):
+    """AHBM's 32 CUBEs run one class: a 116 M-element pass crosses links 16 M times in all
+    (coarse by the whole count) but 2 M in the run simulated, so it stays fast."""
+    n = 2048 * 18944 * 3
+    programs = build(elementwise_kernel, range(256), ahbm, "silu", n, 2, 2, "bf16", ahbm.math_flops("silu", 0), 1.0)
+    assert contract.sim_mode("auto", ahbm, programs) == "coarse"
+    assert pass_mode("auto", ahbm, programs) == "fast"
+    assert pass_mode("coarse", ahbm, programs) == "coarse"
+
+
+def test_auto_is_coarse_above_the_crossings_and_coarse_equals_fast_on_maia200(monkeypatch):
+    maia = load_machine("maia200")
+    fast, coarse, auto = (elementwise("add", 2048 * 8192, dtype="bf16", machine=maia, mode=m)
+                          for m in ("fast", "coarse", "auto"))
+    assert auto.result.events == fast.result.events > 10 * coarse.result.events
+    assert coarse.result.latency_ps == fast.result.latency_ps
+    monkeypatch.setattr(contract, "COARSE_FLIT_HOPS", 0)
+    again = elementwise("add", 2048 * 8192, dtype="bf16", machine=maia, mode="auto")
+    assert again.result.events == coarse.result.events
