@@ -1,6 +1,7 @@
 """The collective tile kernel: packets of several small blocks, their version semaphores,
 the block-by-block fallback, and what coalescing buys on the simulator."""
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -141,3 +142,20 @@ def test_sprayed_rounds_are_software_pipelined(sprayed_system):
     assert at[(1, 0)] < at[(0, 1)]
     plain = CollectiveKernel(m, k.s, grid, 8 << 20, 2, "f16", "sum", sprayed=False)
     assert [(r, s) for r, s, _, _ in plain._order()][:steps] == [(0, s) for s in range(steps)]
+
+
+def test_port_spray_leaves_a_group_inside_one_chip_as_on_one_path():
+    """Under ``port-spray`` only traffic between chips is sprayed: a reduction inside one
+    chip keeps the single-path kernel (TCM receive slots), one across chips lands in HBM;
+    ``minimal-spray`` sprays inside a chip too."""
+    from kbtorch.ops.collective_layout import sprayed_reductions
+    from kbtorch.topology import load_machine
+    path = str(Path(__file__).parent / "data" / "tiny_system.toml")
+    single, spray, minimal = (load_machine(path, overrides={"routing.policy": p})
+                              for p in ("single", "port-spray", "minimal-spray"))
+    chip, every = list(range(len(spray.chip.pes))), list(range(len(spray.pes)))
+    assert not sprayed_reductions(spray, chip) and sprayed_reductions(spray, every)
+    assert sprayed_reductions(minimal, chip) and not sprayed_reductions(single, every)
+    lat = [collective("reduce_scatter", group=chip, algo="ring", machine=m, nbytes=256 * 1024,
+                      dtype="bf16").result.latency_ps for m in (single, spray)]
+    assert lat[0] == lat[1]

@@ -37,11 +37,11 @@ TCM_VALUES = 256 * 1024
 STAGING_PACKETS = 4
 
 
-def sprayed_reductions(machine) -> bool:
-    """Whether the kernel runs as on a machine that sprays packets over its ports (``[routing]``
-    policy other than single): reductions land in HBM, a step's partial sums stay in TCM,
-    rounds are software-pipelined and reduction sends paced (``CollectiveKernel._order``,
-    ``_pace``).
+def sprayed_reductions(machine, pes) -> bool:
+    """Whether a kernel on ``pes`` runs as on a machine that sprays its packets (``[routing]``
+    policy other than single; under ``port-spray``, members on more than one chip):
+    reductions land in HBM, a step's partial sums stay in TCM, rounds are
+    software-pipelined and reduction sends paced (``CollectiveKernel._order``, ``_pace``).
 
     NOTE: sprayed, a chip's ports take in its whole port bandwidth (Maia 200: 1400 GB/s of
     ANCs, against the 4 x 512 GB/s NoC links of the 4 tiles of ``across:chip:4``). A
@@ -55,8 +55,16 @@ def sprayed_reductions(machine) -> bool:
     of ``sprayed_packet``, not limited to what the TCM's slots leave). Single-path machines
     keep TCM receive slots, HBM partials and rounds one after the other (their figures as
     they were), and so do kernels without reductions (all-gather, broadcast, all-to-all:
-    their copies already land in HBM, and larger packets serve them best)."""
-    return machine.multipath
+    their copies already land in HBM, and larger packets serve them best).
+
+    NOTE: under ``port-spray`` a group inside one chip sends nothing through the ports (the
+    chip's NoC routes stay single-path), so it runs as on a single-path machine: landing
+    its reductions in HBM would only load the chip's HBM, which its tiles share (a 32 MiB
+    ring reduce-scatter over the 36 tiles of one of maia200_x8's chips took 514.8 us that
+    way, against 182.3 us as on maia200). ``minimal-spray`` sprays inside a chip too."""
+    if not machine.multipath:
+        return False
+    return machine.routing.policy != "port-spray" or len({machine.chip_of(pe) for pe in pes}) > 1
 
 
 def sprayed_packet(block_bytes: int) -> int:
@@ -89,7 +97,7 @@ class KernelLayout:
         self.m, self.s, self.grid, self.eb, self.dtype = machine, sched, grid, elem_bytes, dtype
         self.math_op = {"sum": "add", "max": "max"}[op]
         reduces = any(x.reduce for step in sched.steps for x in step)
-        self.sprayed = reduces and (sprayed_reductions(machine) if sprayed is None else sprayed)
+        self.sprayed = reduces and (sprayed_reductions(machine, grid.pes) if sprayed is None else sprayed)
         self.round = SPRAY_ROUND if self.sprayed else ROUND
         self.slots = HBM_SLOTS if self.sprayed and slots == SLOTS else slots
         elems = nbytes // elem_bytes

@@ -49,17 +49,18 @@ def _head_ps(machine, path: tuple) -> int:
     return sum(g.edges[u, v]["flit_ps"] + g.edges[u, v]["prop_ps"] + g.nodes[v]["overhead_ps"] for u, v in zip(path, path[1:]))
 
 
-def _landing(machine, d, reduce: bool) -> str:
+def _landing(d, reduce: bool, sprayed: bool) -> str:
     """Where a transfer's packet lands at receiver ``d`` (PE info): a copy in its HBM, a
-    reduction in its TCM receive slots, or its HBM ones (``sprayed_reductions``)."""
-    return d.node("tcm") if reduce and not sprayed_reductions(machine) else d.hbm
+    reduction in its TCM receive slots, or its HBM ones (``sprayed``: the group's
+    ``sprayed_reductions``)."""
+    return d.node("tcm") if reduce and not sprayed else d.hbm
 
 
-def _xfer_alpha(machine, src_pe: int, dst_pe: int, reduce: bool) -> int:
+def _xfer_alpha(machine, src_pe: int, dst_pe: int, reduce: bool, sprayed: bool) -> int:
     """One flit of a transfer, from the sender's TCM to the receiver (see the docstring)."""
     s, d = machine.pes[src_pe], machine.pes[dst_pe]
     tcm = d.node("tcm")
-    end = _landing(machine, d, reduce)
+    end = _landing(d, reduce, sprayed)
     t = _head_ps(machine, data_path(machine, s.node("tcm"), end))
     if reduce:
         if end != tcm:
@@ -69,10 +70,10 @@ def _xfer_alpha(machine, src_pe: int, dst_pe: int, reduce: bool) -> int:
     return t
 
 
-def _xfer_beta(machine, src_pe: int, dst_pe: int, reduce: bool) -> int:
+def _xfer_beta(machine, src_pe: int, dst_pe: int, reduce: bool, sprayed: bool) -> int:
     """The flit time (ps) of the slowest link on a transfer's data path."""
     s, d = machine.pes[src_pe], machine.pes[dst_pe]
-    src, dst = s.node("tcm"), _landing(machine, d, reduce)
+    src, dst = s.node("tcm"), _landing(d, reduce, sprayed)
     if machine.multipath:
         # NOTE: a sprayed packet streams over all its paths at once: their summed bandwidth.
         paths = data_paths(machine, src, dst)
@@ -87,10 +88,11 @@ def step_alphas(machine, sched, pes: tuple) -> list[int]:
     """alpha (ps) of each step: its slowest transfer's one-flit latency."""
     cache: dict = {}
     out = []
+    sprayed = sprayed_reductions(machine, pes)
     for step in sched.steps:
         worst = 0
         for x in step:
-            key = (pes[x.src], pes[x.dst], x.reduce)
+            key = (pes[x.src], pes[x.dst], x.reduce, sprayed)
             if key not in cache:
                 cache[key] = _xfer_alpha(machine, *key)
             worst = max(worst, cache[key])
@@ -122,6 +124,7 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
     tail = max(0, -(-packet_bytes // machine.flit_bytes) - 1)
     ready = [{b: start_of[m] for b in sched.holds[m]} for m in range(sched.n)]
     busy, reduced = [0] * sched.n, set()
+    sprayed = sprayed_reductions(machine, pes)
     for step in sched.steps:
         for m in {x.src for x in step} | {x.dst for x in step if x.reduce}:
             busy[m] += 1
@@ -129,7 +132,7 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
             busy[m] += 1
         new = [dict(r) for r in ready]
         for x in step:
-            key = (pes[x.src], pes[x.dst], x.reduce)
+            key = (pes[x.src], pes[x.dst], x.reduce, sprayed)
             if key not in cache:
                 cache[key] = _xfer_alpha(machine, *key) + tail * _xfer_beta(machine, *key)
             start = max(ready[x.src][b] for b in x.blocks)
@@ -179,6 +182,7 @@ def alpha_beta_ps(machine, sched, pes: tuple, block_bytes: int, packet_bytes: in
     g = machine.graph
     cache: dict = {}
     worst: dict = {}       # a step's transfers (pairs and block counts) -> its most loaded link
+    lands_hbm = sprayed_reductions(machine, pes)
     for step, alpha in zip(sched.steps, alphas):
         sig = tuple((x.src, x.dst, x.reduce, len(x.blocks)) for x in step)
         if sig not in worst:
@@ -190,7 +194,7 @@ def alpha_beta_ps(machine, sched, pes: tuple, block_bytes: int, packet_bytes: in
                 if len(group) > 1:
                     edges = _tree_edges(machine, pes[x.src], tuple(pes[y.dst] for y in group))
                 else:
-                    key = (pes[x.src], pes[x.dst], x.reduce)
+                    key = (pes[x.src], pes[x.dst], x.reduce, lands_hbm)
                     if key not in cache:
                         cache[key] = _xfer_edges(machine, *key)
                     edges, paths = cache[key]
@@ -234,14 +238,14 @@ def _tree_edges(machine, src: int, dsts: tuple) -> list:
     return [(e, g.edges[e]["flit_ps"]) for e in root.edges()]
 
 
-def _xfer_edges(machine, src: int, dst: int, reduce: bool) -> tuple:
+def _xfer_edges(machine, src: int, dst: int, reduce: bool, sprayed: bool) -> tuple:
     """((link, flit ps), ...) of one transfer: its data path (a sprayed one: each path's
     links at its share of the packets) and, for a reduction, the receiver's read of its own
     value; and the paths of an adaptively sprayed one (then left out of the edges: the
     step's ``resources.spread`` splits it), else None."""
     g = machine.graph
     s, d = machine.pes[src], machine.pes[dst]
-    end = _landing(machine, d, reduce)
+    end = _landing(d, reduce, sprayed)
     own = data_path(machine, d.hbm, d.node("tcm")) if reduce else ()
     out = [(e, g.edges[e]["flit_ps"]) for e in zip(own, own[1:])]
     if reduce and end == d.hbm:
