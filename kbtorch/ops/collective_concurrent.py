@@ -98,8 +98,8 @@ def line_algo(kind: str, groups: list, nbytes: int, dtype: str, machine) -> str:
     chip) then contend, which the concurrent run times but the estimate does not, and
     algorithms sending to many members at once (direct, 2d, hier) suffer that most. Groups
     each on a chip of its own share no link, so every algorithm is a candidate (Llama-3-70B
-    TP 8 on maia200_x8: a decode step's 256 KiB reduce-scatter over each chip's 36 tiles,
-    2d 5.6 us against ring 9.0; a prefill's 32 MiB, ring 182 us, where 2d's estimate is as
+    TP 8 on maia200_x8: a decode step's 252 KiB reduce-scatter over each chip's 36 tiles,
+    2d 2.7 us against ring 3.9; a prefill's 32 MiB, ring 182 us, where 2d's estimate is as
     low as ring's and it takes 488)."""
     grid = make_grid(machine, resolve_group(machine, list(groups[0])))
     chips = [{machine.chip_of(pe) for pe in g} for g in groups]
