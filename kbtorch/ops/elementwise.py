@@ -10,9 +10,10 @@ rows of D). Timing only: the numbers come from torch in the caller.
 """
 from __future__ import annotations
 
+from functools import partial
+
 from .. import limits
 from ..kernel import build, run_programs
-from ..sim import symmetry
 from ..sim.commands import Move
 from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, check_pes, dtype_of, register, sim_mode
 from .layout import page_align
@@ -61,15 +62,16 @@ def elementwise(op: str, n: int, *, inputs: int = 2, dtype: str = "f16", elem_by
     machine = as_machine(machine)
     group, flops, eb = checked(machine, op, n, inputs, dtype, elem_bytes, pes, flops_per_element)
     programs = build(elementwise_kernel, group, machine, op, n, inputs, eb, dtype, flops, out_ratio, name=op)
-    result = run_programs(programs, machine, mode=pass_mode(mode, machine, programs), trace=trace)
+    result = run_programs(programs, machine, mode=pass_mode(mode, machine), trace=trace)
     analytic, bound = estimate(machine, group, n, inputs, eb, dtype, flops, out_ratio)
     return OpRun(op=f"elementwise {op}", machine=machine, result=result, pes=tuple(group), dtype=dtype,
                  flops=flops * n, analytic_ps=analytic, bound_ps=bound, plan=f"{len(group)} PEs, {inputs} input(s)")
 
 
-def pass_mode(mode: str, machine, programs: dict) -> str:
-    """The simulation mode of a pass under ``mode="auto"``: ``contract.sim_mode`` of the
-    programs the simulation runs (one unit per class of symmetric units, ``sim.symmetry``).
+def pass_mode(mode: str, machine):
+    """The simulation mode of a pass: ``mode`` as given, or under ``mode="auto"`` a function
+    of the programs the simulation runs (one unit per class of symmetric units,
+    ``kernel.run_programs``) giving their ``contract.sim_mode``.
 
     NOTE: a pass's coarse run streams whole tiles: equal to fast on maia200 (a replicated
     RMSNorm over 288 PEs of maia200_x8, 346.187 us both, 1.76 M events -> 46 k), a constant
@@ -77,9 +79,7 @@ def pass_mode(mode: str, machine, programs: dict) -> str:
     a 116 M-element one). Counting the reduced programs' traffic keeps fast the passes
     whose fast run is already cheap (AHBM's 32 CUBEs are one class: that 116 M pass is 2 M
     link crossings, not 16 M) and so short that the fill matters."""
-    if mode != "auto":
-        return mode
-    return sim_mode(mode, machine, symmetry.reduce(machine, programs).programs)
+    return partial(sim_mode, mode, machine) if mode == "auto" else mode
 
 
 def checked(machine, op: str, n: int, inputs: int, dtype: str, elem_bytes, pes, flops_per_element) -> tuple:
