@@ -6,6 +6,7 @@ import torch
 
 from kbtorch.kernel.api import build, launch
 from kbtorch.ops.gemm import gemm, reference
+from kbtorch.ops.gemm_model import multicast_parts
 from kbtorch.ops.gemm_plan import GemmTiling
 from kbtorch.sim.components.dma import data_path
 from kbtorch.sim.multicast import MulticastError, tree
@@ -166,3 +167,18 @@ def test_direct_collective_copies_go_as_one_multicast(write_topology, tiny_path,
     links = {name: sum(s["flits"] for s in r.result.stats["links"].values()) for name, r in runs.items()}
     assert links["multicast"] < 0.8 * links["unicast"]
     assert runs["multicast"].analytic_ps < runs["unicast"].analytic_ps
+
+
+def test_a_gang_across_chips_shares_inside_each_chip():
+    """Multicast stops at a chip's edge: the A gang of a column-parallel GEMM over
+    maia200_x8's 288 PEs is cut into its 8 chips, so each chip reads A from its HBM once
+    (not once per tile), and the identical chips are still simulated once."""
+    x8 = load_machine("maia200_x8")
+    m, n, k = 16, 1152, 2048
+    run = gemm(shape=(m, n, k), dtype="bf16", machine=x8, slices="n")
+    chips = [tuple(range(c * 36, (c + 1) * 36)) for c in range(8)]
+    assert multicast_parts(x8, tuple(range(288))) == tuple(chips)
+    read = sum(s["bursts"] for s in run.result.stats["memories"].values()) * 256
+    once_per_chip = 8 * m * k * 2 + k * n * 2 + m * n * 2
+    assert once_per_chip <= read < once_per_chip + 288 * 2 * 256       # each PE's partial bursts at most
+    assert run.result.stats["represented_units"] == 8

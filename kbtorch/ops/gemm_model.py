@@ -46,16 +46,37 @@ class GemmEstimate:
 
 def multicast_gangs(machine, shards: list, tiling: GemmTiling) -> dict:
     """``{pe: (A gang, B gang)}`` of the operand tiles the kernel shares by multicast: the
-    plan's gangs (``gemm_plan.gangs``) whose trees, from every member's HBM to every member's
-    TCM, split only at nodes with multicast; empty on a machine without multicast."""
+    plan's gangs (``gemm_plan.gangs``), each cut into the parts whose trees, from every
+    member's HBM to every member's TCM, split only at nodes with multicast (``multicast_parts``: a
+    gang across the chips of a system shares inside each chip); empty on a machine without
+    multicast."""
     if not machine.multicast_nodes:
         return {}
 
-    def usable(gang) -> tuple | None:
-        return gang if gang is not None and _gang_ok(machine, gang) else None
+    def usable(gang, pe) -> tuple | None:
+        if gang is None:
+            return None
+        return next((part for part in multicast_parts(machine, gang) if pe in part), None)
 
-    out = {pe: (usable(a), usable(b)) for pe, (a, b) in gangs(shards, tiling).items()}
+    out = {pe: (usable(a, pe), usable(b, pe)) for pe, (a, b) in gangs(shards, tiling).items()}
     return {pe: g for pe, g in out.items() if g != (None, None)}
+
+
+@functools.lru_cache(maxsize=4096)
+def multicast_parts(machine, gang: tuple) -> tuple:
+    """``gang`` itself if it can multicast, else its parts that can: the members grouped by
+    the outermost level of their names at which they differ (chips of a system, then
+    clusters, ...), each group cut again; groups of one PE share nothing."""
+    if _gang_ok(machine, gang):
+        return (gang,)
+    names = [machine.pes[p].prefix.rstrip(".").split(".") for p in gang]
+    for depth in range(1, min(len(n) for n in names) + 1):
+        groups: dict = {}
+        for p, n in zip(gang, names):
+            groups.setdefault(tuple(n[:depth]), []).append(p)
+        if len(groups) > 1:
+            return tuple(part for g in groups.values() if len(g) > 1 for part in multicast_parts(machine, tuple(g)))
+    return ()
 
 
 @functools.lru_cache(maxsize=4096)

@@ -214,6 +214,8 @@ def _canon(x, rel, rel_pe):
             v = rel_pe(v)
         elif name == "notify":
             v = tuple((rel_pe(p), s) for p, s in v)
+        elif name == "pes":     # a shared read's gang (``Share``)
+            v = tuple(rel_pe(p) for p in v)
         out.append(_canon(v, rel, rel_pe))
     return tuple(out)
 

@@ -336,13 +336,31 @@ def _fused(graph, group: list) -> dict:
         args = (vecs[-1], n, max(0, len(ins) - 2), eb, flops, ratio)
         return dict(programs=epilogue(graph, head, *args), kernel="gemm+epilogue",
                     detail=f"{head.detail}; epilogue {names}", epilogue=args)
-    ratio = sum(v.n * v.out_ratio for v in written) / n
-    vec = vecs[-1]
+    vec, eb = vecs[-1], max(vecs, key=lambda v: v.n).elem_bytes
     pes = list(vec.pes)[:max(1, min(len(vec.pes), n))]
-    progs = build(elementwise_kernel, pes, graph.machine, names, n, max(1, len(ins)), eb, vec.dtype, flops,
+    streams, ratio = _streams(graph, group, ins, outs, n, eb)
+    progs = build(elementwise_kernel, pes, graph.machine, names, n, streams, eb, vec.dtype, flops,
                   max(ratio, 1 / n), name=f"fused {names}")
     return dict(programs=progs, kernel="fused vector", detail=f"{len(group)} passes, {len(ins)} input(s), "
                 f"{len(outs)} output(s)")
+
+
+def _streams(graph, group: list, ins: list, outs: list, n: int, eb: int) -> tuple[int, float]:
+    """(input streams, output ratio) of a fused chain's pass over ``n`` elements of ``eb``
+    bytes carrying the bytes its members move from and to HBM: each outside buffer read
+    once, at its first reader's width and length, and each result that leaves written once.
+
+    NOTE: members differ in length and width (a scalar int64 position beside a KV-cache
+    copy): streaming every input at the widest width and longest length would move more than
+    the unfused passes did."""
+    outside, read = set(ins), 0
+    for m in group:
+        v = graph.kernels[m].timed.result.vector
+        for buf in sorted(_read(graph, m) & outside, key=str):
+            read += v.n * v.elem_bytes
+            outside.discard(buf)
+    wrote = sum(v.n * v.out_ratio * v.elem_bytes for v in (graph.kernels[m].timed.result.vector for m in outs))
+    return max(1, round(read / (n * eb))), wrote / (n * eb)
 
 
 def epilogue(graph, gemm, vec, n: int, inputs: int, eb: int, flops: int, ratio: float) -> dict:

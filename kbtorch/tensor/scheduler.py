@@ -147,7 +147,7 @@ def build(kernels: list, deps: list, machine, late: list | None = None) -> tuple
         for d in mine:          # NOTE: relays first: before this kernel's commands on any PE
             new = [q for q in pes if (d, q) not in engines and q not in told.setdefault(d, set())]
             if new:
-                _relay_tree(programs, d, pes_of[d] + sorted(told[d]), new, engines)
+                _relay_tree(programs, d, pes_of[d] + sorted(told[d]), new, engines, machine)
                 told[d].update(new)
         for pe in pes:
             waits = [Wait(f"{d}.done", engines[(d, pe)], 0) if (d, pe) in engines else Wait(f"{d}.relay", 1, 0)
@@ -168,21 +168,40 @@ COARSE_COMMANDS = 5000
 FANOUT = 4
 
 
-def _relay_tree(programs: dict, d: int, sources: list, targets: list, engines: dict) -> None:
+def _relay_tree(programs: dict, d: int, sources: list, targets: list, engines: dict, machine) -> None:
     """Kernel ``d`` done, told to the PEs ``targets`` it does not run on: each of its PEs,
     once done there, sends an IPCQ message to up to ``FANOUT`` of them, and each PE told
-    tells ``FANOUT`` more (a tree, breadth first), before its own next commands."""
-    told = [(pe, Wait(f"{d}.done", engines[(d, pe)], 0) if (d, pe) in engines else Wait(f"{d}.relay", 1, 0))
-            for pe in sources]
-    queue, i = list(targets), 0
-    while i < len(told) and queue:
-        src, wait = told[i]
-        for pe in queue[:FANOUT]:
-            programs.setdefault(src, []).append(Send(dst_pe=pe, sem=f"{d}.relay", waits=(wait,),
-                                                     label=f"kernel {d} done: relay to PE {pe}"))
-            told.append((pe, Wait(f"{d}.relay", 1, 0)))
-        queue = queue[FANOUT:]
-        i += 1
+    tells ``FANOUT`` more (a tree, breadth first), before its own next commands.
+
+    NOTE: on a system the tree crosses between chips once: a chip without a source first
+    hears from one (the sources taking the chips in turn), then its PEs tell each other."""
+    def told_wait(pe):
+        return Wait(f"{d}.done", engines[(d, pe)], 0) if (d, pe) in engines else Wait(f"{d}.relay", 1, 0)
+
+    def send(src, wait, pe):
+        programs.setdefault(src, []).append(Send(dst_pe=pe, sem=f"{d}.relay", waits=(wait,),
+                                                 label=f"kernel {d} done: relay to PE {pe}"))
+
+    chips: dict = {}
+    for pe in targets:
+        chips.setdefault(machine.chip_of(pe), []).append(pe)
+    held = {machine.chip_of(pe) for pe in sources}
+    roots = {}
+    for i, (chip, pes) in enumerate(sorted((c, p) for c, p in chips.items() if c not in held)):
+        src = sources[i % len(sources)]
+        send(src, told_wait(src), pes[0])
+        roots[chip] = pes.pop(0)
+    for chip, pes in sorted(chips.items()):
+        here = [roots[chip]] if chip in roots else [pe for pe in sources if machine.chip_of(pe) == chip]
+        told = [(pe, told_wait(pe) if chip not in roots else Wait(f"{d}.relay", 1, 0)) for pe in here]
+        queue, i = list(pes), 0
+        while i < len(told) and queue:
+            src, wait = told[i]
+            for pe in queue[:FANOUT]:
+                send(src, wait, pe)
+                told.append((pe, Wait(f"{d}.relay", 1, 0)))
+            queue = queue[FANOUT:]
+            i += 1
 
 
 def issue_order(deps: list, est_ps: list) -> list[int]:

@@ -22,7 +22,7 @@ class _Join:
 
 
 class Gangs:
-    """The shared reads of one run that wait for members, by ``(share key, tile)``."""
+    """The shared reads of one run that wait for members, by ``(share key, gang, tile)``."""
 
     def __init__(self, sim):
         self.sim = sim
@@ -34,7 +34,7 @@ class Gangs:
         pe = run.pe.info.id
         if pe not in share.pes:
             raise ValueError(f"PE {pe} {run.cmd.describe()}: share '{share.key}' does not list it (gang {share.pes})")
-        key = (share.key, i)
+        key = (share.key, share.pes, i)
         joined = self.waiting.setdefault(key, {})
         if joined and next(iter(joined.values())).nbytes != move.nbytes:
             raise ValueError(f"PE {pe} {run.cmd.describe()}: share '{share.key}' tile {i} is {move.nbytes} bytes here, "
@@ -60,4 +60,5 @@ class Gangs:
 
     def stuck(self) -> list[str]:
         """The shared reads some members never joined."""
-        return [f"share '{key}' tile {i}: joined by PEs {sorted(j)} only" for (key, i), j in sorted(self.waiting.items())]
+        return [f"share '{key}' tile {i}: joined by PEs {sorted(j)} only (gang {pes})"
+                for (key, pes, i), j in sorted(self.waiting.items())]
