@@ -300,3 +300,24 @@ def test_dynamic_cache_steps_are_retimed_within_the_tolerance(small, monkeypatch
     for f, s in zip(full, fast):
         assert s == pytest.approx(f, rel=graph_mod.RETIME_TOLERANCE)
     assert fast[-1] > fast[0]                                       # the longer KV cache is seen
+
+
+def _moved(programs) -> int:
+    """Bytes a kernel's composites read and write (every tile of every move)."""
+    from kbtorch.sim.commands import Composite
+    return sum(c.tiles * sum(m.nbytes for m in c.reads + c.writes)
+               for cmds in programs.values() for c in cmds if isinstance(c, Composite))
+
+
+def test_a_fused_chain_of_mixed_widths_moves_no_more_than_its_passes(small):
+    """A scalar int64 position (8-byte elements) and the KV-cache copy it indexes (bf16)
+    fuse into one pass, which moves what the two passes moved, not every input at the
+    widest width and longest length."""
+    cache = torch.zeros(4, 8, 256, 64, dtype=torch.bfloat16).to("ahbm")
+    new = torch.randn(4, 8, 1, 64, dtype=torch.bfloat16).to("ahbm")
+    pos = torch.tensor([6]).to("ahbm")
+    with kbtorch.graph() as g:
+        cache.index_copy_(2, pos + 1, new)
+    assert [k.kernel for k in g.plan.kernels] == ["fused vector"]
+    assert _moved(g.plan.kernels[0].programs) <= sum(_moved(k.programs) for k in g.kernels)
+    torch.testing.assert_close(cache.cpu()[:, :, 7:8], new.cpu())

@@ -102,3 +102,20 @@ def test_a_prefill_like_graph_is_periodic_with_an_input_every_block_shares():
         sigs += [("qkv", frozenset({0, first - 1}) if b else frozenset({0})), ("mlp", frozenset({first}))]
     per = scheduler.period(sigs)
     assert per is not None and per.length == 2 and per.count >= 5
+
+
+def test_a_relay_crosses_to_each_other_chip_once():
+    """A kernel on one chip's PEs, then one on every PE of tiny_system (4 chips x 4 PEs):
+    each other chip hears of it by one message between chips, then its PEs tell each other."""
+    from pathlib import Path
+    from kbtorch.topology import load_machine
+    system = load_machine(str(Path(__file__).parent / "data" / "tiny_system.toml"))
+    a, b = _vector(system, range(4)), _vector(system, range(16))
+    programs, _ = scheduler.build([a, b], [frozenset(), frozenset({0})], system)
+    relays = [(pe, cmd.dst_pe) for pe, cmds in programs.items() for cmd in cmds
+              if cmd.label.startswith("kernel 0 done: relay")]
+    across = [(s, d) for s, d in relays if system.chip_of(s) != system.chip_of(d)]
+    assert sorted(system.chip_of(d) for _, d in across) == [1, 2, 3]
+    assert {d for _, d in relays} == set(range(4, 16))
+    run = scheduler.simulate([a, b], [frozenset(), frozenset({0})], system)
+    assert run.finish_ps[1] > run.finish_ps[0]
