@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 
 from ..kernel.api import build, contexts
 from ..ops.elementwise import TILE_BYTES, elementwise_kernel
+from .kernels import VectorPass
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Planned:
     members: tuple
     late: frozenset = frozenset()       # dependencies only its MATH engine waits for (an epilogue's operands)
     epilogue: tuple = ()                # a GEMM epilogue's arguments after ``graph, gemm`` (``epilogue``)
+    vector: VectorPass | None = None    # a fused vector pass's parameters
 
 
 @dataclass(frozen=True)
@@ -263,7 +265,7 @@ def prologues(graph, plan: Plan) -> Plan:
         rest = [m for m in k.members if m not in tail]
         work = sum(graph.kernels[m].timed.flops for m in tail)
         if rest:
-            fields = _fused(graph, rest)
+            fields = {"vector": None, **_fused(graph, rest)}
             fields.setdefault("kernel", graph.kernels[rest[0]].timed.kernel if len(rest) == 1 else k.kernel)
             kernels[i] = replace(k, members=tuple(rest), flops=k.flops - work,
                                  **{f: v for f, v in fields.items() if f != "epilogue"})
@@ -339,10 +341,12 @@ def _fused(graph, group: list) -> dict:
     vec, eb = vecs[-1], max(vecs, key=lambda v: v.n).elem_bytes
     pes = list(vec.pes)[:max(1, min(len(vec.pes), n))]
     streams, ratio = _streams(graph, group, ins, outs, n, eb)
-    progs = build(elementwise_kernel, pes, graph.machine, names, n, streams, eb, vec.dtype, flops,
-                  max(ratio, 1 / n), name=f"fused {names}")
-    return dict(programs=progs, kernel="fused vector", detail=f"{len(group)} passes, {len(ins)} input(s), "
-                f"{len(outs)} output(s)")
+    copies = min(v.copies for v in vecs) if all(v.copies == len(v.pes) for v in vecs) else 1
+    fused = VectorPass(names, n, tuple(pes), streams, vec.dtype, eb, flops, max(ratio, 1 / n), copies)
+    progs = build(elementwise_kernel, pes, graph.machine, names, n, streams, eb, vec.dtype, flops, fused.out_ratio,
+                  name=f"fused {names}")
+    return dict(programs=progs, kernel="fused vector", vector=fused,
+                detail=f"{len(group)} passes, {len(ins)} input(s), {len(outs)} output(s)")
 
 
 def _streams(graph, group: list, ins: list, outs: list, n: int, eb: int) -> tuple[int, float]:

@@ -41,7 +41,7 @@ from .dispatch import dispatch, is_ahbm, root
 from .kernels import Timed
 from .stream import CAPTURE
 from .tensor import AhbmTensor
-from . import fusion, overlap, scheduler
+from . import fusion, overlap, scheduler, shared
 
 #: Simulated graphs kept (key -> Scheduled plan); the oldest is dropped beyond this.
 CACHE_MAX = 64
@@ -275,6 +275,7 @@ class Graph:
         """(plan, schedule): fused and simulated in one run (periodic graphs in part)."""
         plan = fusion.plan(self) if self.fuse else fusion.unfused(self)
         plan = overlap.rewrite(self, plan) if self.overlap else plan
+        plan = shared.rewrite(self, plan)
         progs, deps = [k.programs for k in plan.kernels], [k.deps for k in plan.kernels]
         late = [k.late for k in plan.kernels]
         est = [sum(self.kernels[m].timed.result.latency_ps for m in k.members) for k in plan.kernels] \

@@ -13,7 +13,7 @@ import torch
 
 from ..ops.contract import dtype_of
 from ..ops.elementwise import elementwise
-from .placement import Shard, Spec, scoped_pes
+from .placement import Partial, Shard, Spec, scoped_pes
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class Timed:
     flops: int
     detail: str = ""
     rows: "Rows | None" = None      # how it splits along its rows (graph mode's overlap), if it does
+    groups: tuple = ()              # a collective's PE groups (graph mode's shared copies)
 
 
 @dataclass(frozen=True)
@@ -53,22 +54,20 @@ def vector(machine, op: str, numel: int, *, placed=None, pes=None, shape=None, i
     ``Shard`` (at most ``shape[dim]`` of them), else all of it on every PE (replicated:
     redundant work, no communication)."""
     pes = tuple((scoped_pes(machine) or range(len(machine.pes))) if pes is None else pes)
-    if isinstance(placed, Shard):
-        if shape:
-            pes = pes[:max(1, min(len(pes), shape[placed.dim % len(shape)]))]
-        n = numel
-    else:
-        n = numel * len(pes)
-    return _vector(machine, op, max(1, n), pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio)
+    n = numel if isinstance(placed, Shard) else numel * len(pes)
+    copies = 1 if isinstance(placed, (Shard, Partial)) else len(pes)     # NOTE: partial sums differ per PE
+    if isinstance(placed, Shard) and shape:
+        pes = pes[:max(1, min(len(pes), shape[placed.dim % len(shape)]))]
+    return _vector(machine, op, max(1, n), pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio, copies)
 
 
 @lru_cache(maxsize=1024)
-def _vector(machine, op, n, pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio):
+def _vector(machine, op, n, pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio, copies):
     # NOTE: cached: the simulator is deterministic, so a layer repeated 28 times is simulated once.
     run = elementwise(op, n, inputs=inputs, dtype=dtype, elem_bytes=elem_bytes, machine=machine, pes=pes,
                       flops_per_element=flops_per_element, out_ratio=out_ratio, mode="auto")
-    # NOTE: what graph-mode fusion (``tensor.fusion``) needs to build the fused pass.
-    run.result.vector = VectorPass(op, n, pes, inputs, dtype, elem_bytes, run.flops // n, out_ratio)
+    # NOTE: what graph-mode fusion (``tensor.fusion``) and shared copies (``tensor.shared``) need.
+    run.result.vector = VectorPass(op, n, pes, inputs, dtype, elem_bytes, run.flops // n, out_ratio, copies)
     return run.result
 
 
@@ -76,7 +75,8 @@ def _vector(machine, op, n, pes, inputs, dtype, elem_bytes, flops_per_element, o
 class VectorPass:
     """The parameters of a vector MATH kernel (``vector``): ``n`` elements over ``pes``
     (all of them on every PE when replicated), ``inputs`` operand streams of
-    ``elem_bytes`` each, ``flops`` per element, ``out_ratio`` output elements per element."""
+    ``elem_bytes`` each, ``flops`` per element, ``out_ratio`` output elements per element;
+    ``copies``: how many PEs each compute the whole (replicated), else 1."""
 
     op: str
     n: int
@@ -86,6 +86,7 @@ class VectorPass:
     elem_bytes: int
     flops: int
     out_ratio: float
+    copies: int = 1
 
 
 def mesh_pes(x) -> tuple | None:

@@ -160,7 +160,7 @@ def _record(mesh, dim: int, kind: str, label: str, shape: tuple, numel: int, eb:
         pass
     elif graph is not None:
         split = rows(mesh.machine, kind, tuple(tuple(g) for g in lines), shape, numel, eb, dtype)
-        graph.kernel(mesh.machine, Timed(*what, result, 0, detail, split))
+        graph.kernel(mesh.machine, Timed(*what, result, 0, detail, split, tuple(tuple(g) for g in lines)))
     else:
         record(*what, latency, bytes=elems * eb * len(lines), detail=detail)
 
