@@ -31,8 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..kernel.api import build, contexts
-from ..ops.elementwise import TILE_BYTES, elementwise_kernel
+from ..kernel.api import build
+from ..ops.elementwise import elementwise_kernel
+from .gemm_fused import epilogue, prologue
 from .kernels import VectorPass
 
 
@@ -274,7 +275,7 @@ def prologues(graph, plan: Plan) -> Plan:
         vecs = [graph.kernels[m].timed.result.vector for m in tail]
         for j, u in enumerate(gemms):
             g = kernels[u]
-            kernels[u] = replace(g, programs=_prologue(graph, g.programs, vecs),
+            kernels[u] = replace(g, programs=prologue(g.programs, vecs),
                                  members=(tuple(tail) if j == 0 else ()) + g.members,
                                  flops=g.flops + (work if j == 0 else 0),
                                  kernel=g.kernel.replace("gemm", "norm+gemm", 1), detail=f"{g.detail}; prologue norm")
@@ -290,15 +291,6 @@ def prologues(graph, plan: Plan) -> Plan:
             deps |= {at[e] for e in gone[d]} if d in gone else {at[d]}
         out.append(replace(k, deps=frozenset(deps), late=frozenset(at[d] for d in k.late if d in at)))
     return Plan(tuple(out), plan.key, plan.keep)
-
-
-def _prologue(graph, programs: dict, vecs: list) -> dict:
-    """``programs`` with each PE's norm statistics and row scaling on its MATH engine, beside
-    its GEMM commands (the norm's MATH work over the rows it holds; launched with them)."""
-    from ..sim.commands import Compute
-    per = sum(-(-v.n // len(v.pes)) * v.flops for v in vecs)
-    return {pe: [Compute(per, engine="math", dtype=vecs[-1].dtype, label="norm prologue")] + list(cmds) if cmds
-            else cmds for pe, cmds in programs.items()}
 
 
 def _io(graph, group: list) -> tuple[list, list]:
@@ -336,7 +328,7 @@ def _fused(graph, group: list) -> dict:
         extra = max(0, len(written) - (0 if group[0] in outs else 1))
         ratio = sum(v.n * v.out_ratio for v in written[:extra]) / n
         args = (vecs[-1], n, max(0, len(ins) - 2), eb, flops, ratio)
-        return dict(programs=epilogue(graph, head, *args), kernel="gemm+epilogue",
+        return dict(programs=epilogue(graph.machine, head, *args), kernel="gemm+epilogue",
                     detail=f"{head.detail}; epilogue {names}", epilogue=args)
     vec, eb = vecs[-1], max(vecs, key=lambda v: v.n).elem_bytes
     pes = list(vec.pes)[:max(1, min(len(vec.pes), n))]
@@ -365,40 +357,6 @@ def _streams(graph, group: list, ins: list, outs: list, n: int, eb: int) -> tupl
             outside.discard(buf)
     wrote = sum(v.n * v.out_ratio * v.elem_bytes for v in (graph.kernels[m].timed.result.vector for m in outs))
     return max(1, round(read / (n * eb))), wrote / (n * eb)
-
-
-def epilogue(graph, gemm, vec, n: int, inputs: int, eb: int, flops: int, ratio: float) -> dict:
-    """The GEMM's programs, each PE then applying the epilogue's MATH to its part of the
-    result (after its last GEMM command), reading ``inputs`` more operands and writing
-    ``ratio`` x n more elements."""
-    from ..sim.commands import Move, Signal, Wait
-    progs = gemm.result.programs or {}
-    pes = [pe for pe in sorted(progs) if progs[pe]]
-    per = -(-n // len(vec.pes)) if len(vec.pes) else n
-    ctxs = {c.pe: c for c in contexts(graph.machine, pes, "epilogue")}
-    out = {}
-    for pe in pes:
-        cmds = list(progs[pe])
-        last = max(i for i, c in enumerate(cmds) if c.engine == "gemm") if any(c.engine == "gemm" for c in cmds) \
-            else len(cmds) - 1
-        c = cmds[last]
-        if len(c.signals) < 2:
-            cmds[last] = replace(c, signals=c.signals + (Signal("epilogue"),))
-            wait = (Wait("epilogue"),)
-        else:
-            wait = ()
-        ctx = ctxs[pe]
-        tile = max(1, min(per, TILE_BYTES // eb))
-        tiles, tb = -(-per // tile), tile * eb
-        ob = max(eb, round(tb * ratio) // eb * eb) if ratio else 0
-        reads = tuple(Move(ctx.hbm(f"in{i}", tiles * tb).loc(), tb, tb) for i in range(inputs))
-        writes = (Move(ctx.hbm("out", tiles * ob).loc(), ob, ob),) if ob else ()
-        staging = ctx.tcm("staging", 2 * ((inputs + 1) * tb + max(ob, tb)))
-        ctx.composite(tiles=tiles, staging=staging.loc(), engine="math", dtype=vec.dtype, reads=reads,
-                      writes=writes, fetch_bytes=(inputs + 1) * tb, flops=flops * tile, store_bytes=max(ob, tb),
-                      wait=wait, label=f"epilogue x{tiles}")
-        out[pe] = cmds + ctx.commands
-    return out
 
 
 def report(graph) -> str:

@@ -12,7 +12,7 @@ with its epilogue) of M rows
 
 is split into ``c`` chunks of M/c rows: gather i, GEMM i, reduce i. Each chunk is the same
 kernel on fewer rows through its own op family (``Rows.run``: ``ops.gemm`` and the
-collectives, cached; a fused epilogue rebuilt on the chunk's GEMM by ``fusion.epilogue``);
+collectives, cached; a fused epilogue rebuilt on the chunk's GEMM by ``gemm_fused.epilogue``);
 no second implementation. Chunk i's GEMM waits only for gather i, reduce i only for GEMM i,
 and kernels that used the whole wait for every chunk: the collective of one chunk runs in
 the ONE simulation while the GEMM of its neighbour does, contending for links, HBM and
@@ -32,7 +32,7 @@ import heapq
 from dataclasses import replace
 from types import SimpleNamespace
 
-from . import fusion
+from . import fusion, gemm_fused
 
 #: Chunk counts tried, in order (the search stops when one does not improve).
 CHUNKS = (2, 4, 8, 16)
@@ -129,7 +129,7 @@ def _chunk(graph, planned, c: int, i: int, deps: frozenset, late: frozenset):
     programs = result.programs
     if planned.kernel == "gemm+epilogue":
         vec, n, inputs, eb, flops, ratio = planned.epilogue
-        programs = fusion.epilogue(graph, SimpleNamespace(result=result), vec, -(-n // c), inputs, eb, flops, ratio)
+        programs = gemm_fused.epilogue(graph.machine, SimpleNamespace(result=result), vec, -(-n // c), inputs, eb, flops, ratio)
     return replace(planned, kernel=f"{planned.kernel} [chunk {i + 1}/{c}]", programs=programs, deps=deps,
                    late=late, flops=planned.flops // c + (planned.flops % c if i == c - 1 else 0),
                    detail=f"{planned.detail}; rows {i * size}-{(i + 1) * size - 1} of {rows.count}",
