@@ -139,7 +139,20 @@ def build(kernels: list, deps: list, machine, late: list | None = None) -> tuple
     programs: dict = {}
     engines: dict = {}          # (kernel, pe) -> engines raising its done semaphore there
     told: dict = {}             # kernel -> PEs it does not run on that know it is done
+    ends: dict = {}             # pe -> {kernel: index in its program just after that kernel}
     pes_of = []
+
+    def put(src: int, d: int, cmd) -> None:
+        """A relay of kernel ``d`` from ``src``, right after the commands there of ``d`` and
+        of the kernels issued before it. NOTE: not behind those of the kernels issued since,
+        which may wait on their own inputs: the IPCQ queue is in order."""
+        prog, marks = programs.setdefault(src, []), ends.setdefault(src, {})
+        at = max((i for x, i in marks.items() if x <= d), default=0)
+        prog.insert(at, cmd)
+        for x, i in marks.items():
+            if i >= at:
+                marks[x] = i + 1
+
     for k, prog in enumerate(kernels):
         pes = [pe for pe in sorted(prog) if prog[pe]]
         pes_of.append(pes)
@@ -147,7 +160,7 @@ def build(kernels: list, deps: list, machine, late: list | None = None) -> tuple
         for d in mine:          # NOTE: relays first: before this kernel's commands on any PE
             new = [q for q in pes if (d, q) not in engines and q not in told.setdefault(d, set())]
             if new:
-                _relay_tree(programs, d, pes_of[d] + sorted(told[d]), new, engines, machine)
+                _relay_tree(put, d, pes_of[d] + sorted(told[d]), new, engines, machine)
                 told[d].update(new)
         for pe in pes:
             waits = [Wait(f"{d}.done", engines[(d, pe)], 0) if (d, pe) in engines else Wait(f"{d}.relay", 1, 0)
@@ -156,6 +169,7 @@ def build(kernels: list, deps: list, machine, late: list | None = None) -> tuple
             cmds = [_rename(c, f"{k}.") for c in prog[pe]]
             cmds, engines[(k, pe)] = _finish_signals(cmds, k)
             programs.setdefault(pe, []).extend(_gated(cmds, [w for w in waits if w not in lates], k, lates))
+            ends.setdefault(pe, {})[k] = len(programs[pe])
     return programs, sum(len(v) for v in programs.values())
 
 
@@ -168,7 +182,7 @@ COARSE_COMMANDS = 5000
 FANOUT = 4
 
 
-def _relay_tree(programs: dict, d: int, sources: list, targets: list, engines: dict, machine) -> None:
+def _relay_tree(put, d: int, sources: list, targets: list, engines: dict, machine) -> None:
     """Kernel ``d`` done, told to the PEs ``targets`` it does not run on: each of its PEs,
     once done there, sends an IPCQ message to up to ``FANOUT`` of them, and each PE told
     tells ``FANOUT`` more (a tree, breadth first), before its own next commands.
@@ -179,8 +193,7 @@ def _relay_tree(programs: dict, d: int, sources: list, targets: list, engines: d
         return Wait(f"{d}.done", engines[(d, pe)], 0) if (d, pe) in engines else Wait(f"{d}.relay", 1, 0)
 
     def send(src, wait, pe):
-        programs.setdefault(src, []).append(Send(dst_pe=pe, sem=f"{d}.relay", waits=(wait,),
-                                                 label=f"kernel {d} done: relay to PE {pe}"))
+        put(src, d, Send(dst_pe=pe, sem=f"{d}.relay", waits=(wait,), label=f"kernel {d} done: relay to PE {pe}"))
 
     chips: dict = {}
     for pe in targets:
