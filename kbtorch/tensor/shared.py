@@ -68,11 +68,10 @@ def memories(machine, pes) -> tuple:
 
 
 @lru_cache(maxsize=1024)
-def split_pass(machine, vec, whole_ps: int) -> dict | None:
-    """The programs of a replicated vector pass run once per memory (module docstring), or
-    None when it is not replicated, no two of its PEs share a memory, or the split pass
-    and its barrier would take longer alone than the whole pass on every PE (``whole_ps``:
-    a small pass, a stack's choice)."""
+def split_pass(machine, vec) -> tuple | None:
+    """(programs, latency alone in ps) of a replicated vector pass run once per memory
+    (module docstring), or None when it is not replicated or no two of its PEs share a
+    memory."""
     if vec is None:
         return None
     groups = memories(machine, vec.pes)
@@ -90,7 +89,7 @@ def split_pass(machine, vec, whole_ps: int) -> dict | None:
             progs[pe] = progs[pe][:-1] + [replace(last, signals=last.signals + (Signal("part"),))]
     meet = barrier(groups, working)
     split = {pe: list(progs.get(pe, [])) + meet.get(pe, []) for pe in vec.pes}
-    return split if run_programs(split, machine, mode=pass_mode("auto", machine)).latency_ps < whole_ps else None
+    return split, _alone_ps(machine, split)
 
 
 def _alone_ps(machine, programs: dict) -> int:
@@ -109,11 +108,12 @@ def rewrite(graph, plan):
             changed = True
         elif all(graph.kernels[m].timed.kernel.startswith(POINTWISE) for m in k.members) \
                 and k.kernel.startswith((*POINTWISE, "fused vector")):
-            whole = k.programs if len(k.members) > 1 else None
-            vec = k.vector if whole else getattr(timed.result, "vector", None)
-            progs = split_pass(machine, vec, _alone_ps(machine, whole) if whole else timed.result.latency_ps)
-            if progs is not None:
-                kernels[i] = replace(k, programs=progs, kernel=f"{k.kernel} (shared copy)",
+            fused = len(k.members) > 1
+            got = split_pass(machine, k.vector if fused else getattr(timed.result, "vector", None))
+            # NOTE: split only when faster alone than the whole pass on every PE: a tiny pass
+            # stays whole (the barrier would cost more), as a stack would choose.
+            if got is not None and got[1] < (_alone_ps(machine, k.programs) if fused else timed.result.latency_ps):
+                kernels[i] = replace(k, programs=got[0], kernel=f"{k.kernel} (shared copy)",
                                      detail=f"{k.detail}; once per memory, split over its PEs")
                 changed = True
     return fusion.Plan(tuple(kernels), plan.key, plan.keep) if changed else plan
