@@ -121,8 +121,9 @@ def test_tp_plan_of_a_decoder(llama, two_chips):
 
 
 def test_tiny_llama_tensor_parallel_over_two_chips_equals_cpu(two_chips):
-    """The default plan of a system (hf.place_plan): logits and greedy tokens equal CPU; the
-    row-parallel layers' partial sums are reduced inside each chip, then across chips."""
+    """The default plan of a system (hf.place_plan): logits and greedy tokens equal CPU; o and
+    down row-parallel across chips and column-parallel inside each (their partial sums
+    reduced across chips only), the vocab-parallel embedding's inside each chip, then across."""
     pytest.importorskip("transformers")
     from kbtorch.models.hf import build, place_plan
     model, ref = build("tiny-llama")
@@ -130,7 +131,7 @@ def test_tiny_llama_tensor_parallel_over_two_chips_equals_cpu(two_chips):
     with kbtorch.use(two_chips):
         plan, where = place_plan(model)
         assert "2 chips x 4 PEs" in plan and "TP 2" in plan and where is None
-        assert model.model.layers[0].mlp.down_proj.weight.placements == (Shard(1), Shard(1))
+        assert model.model.layers[0].mlp.down_proj.weight.placements == (Shard(1), Shard(0))
         with torch.no_grad(), kbtorch.profile() as prof:
             logits = model(ids.to("ahbm")).logits
             out = model.generate(ids.to("ahbm"), max_new_tokens=3, do_sample=False)
@@ -163,3 +164,14 @@ def test_hf_generate_data_parallel_replicas_on_a_system(capsys):
         hf_generate.main(args + ["--dp", "3"])
     with pytest.raises(ValueError, match=r"--tp 4 x --dp 2: topology 'tiny_system' has 4 chips"):
         hf_generate.main(args + ["--dp", "2", "--tp", "4"])
+
+
+def test_rowwise_inside_names_a_dimension_of_the_mesh(two_chips):
+    """``RowwiseParallel(inside=...)``: the weight column-sharded along that dimension,
+    row-sharded along the others; an unknown dimension is refused naming the mesh's."""
+    mesh = kbtorch.init_device_mesh(machine=two_chips)
+    lin = torch.nn.Linear(16, 8, bias=False)
+    RowwiseParallel(inside="pe").apply(lin, mesh)
+    assert lin.weight.placements == (Shard(1), Shard(0))
+    with pytest.raises(KeyError, match="inside='tile'.*chip"):
+        RowwiseParallel(inside="tile").apply(torch.nn.Linear(16, 8), mesh)

@@ -37,7 +37,7 @@ from .tensor import AhbmTensor
 def _spec(mesh, placement, shape: tuple, dims=None) -> Spec:
     if dims is not None:
         mesh = mesh[dims]
-    spec = Spec(*expand(mesh, [placement] * mesh.ndim))
+    spec = Spec(*expand(mesh, list(placement) if isinstance(placement, tuple) else [placement] * mesh.ndim))
     spec.check(shape)
     return spec
 
@@ -45,7 +45,7 @@ def _spec(mesh, placement, shape: tuple, dims=None) -> Spec:
 def place(module: nn.Module, placed: dict, mesh, dims=None) -> nn.Module:
     """Re-place ``module``'s own tensors (``placed``: parameter or buffer name ->
     placement along every dimension of ``mesh``, or of its dimensions ``dims``, replicated
-    along the others), all or nothing."""
+    along the others; a tuple: one placement per such dimension), all or nothing."""
     items = [(n, getattr(module, n), _spec(mesh, p, tuple(getattr(module, n).shape), dims))
              for n, p in placed.items() if getattr(module, n, None) is not None]
     host = [(n, t, s) for n, t, s in items if not is_ahbm(t)]
@@ -87,14 +87,24 @@ class ColwiseParallel:
 @dataclass(frozen=True)
 class RowwiseParallel:
     """``nn.Linear``: weight ``Shard(1)`` (input features), bias replicated (added once, after
-    the reduction); ``nn.Embedding``: ``Shard(0)`` (vocab-parallel). ``dims``: as ``ColwiseParallel``'s."""
+    the reduction); ``nn.Embedding``: ``Shard(0)`` (vocab-parallel). ``dims``: as ``ColwiseParallel``'s.
+    ``inside``: a mesh dimension along which an ``nn.Linear``'s weight is ``Shard(0)``
+    (output features) instead: row-parallel across the others, column-parallel inside it
+    (its input gathered there, its result reduced across the others only)."""
 
     dims: tuple | str | None = None
+    inside: str | None = None
 
     def apply(self, module: nn.Module, mesh) -> nn.Module:
         if _kind(module, "RowwiseParallel") == "embedding":
             return place(module, {"weight": Shard(0)}, mesh, self.dims)
-        return place(module, {"weight": Shard(1), "bias": Replicate()}, mesh, self.dims)
+        weight = Shard(1)
+        if self.inside is not None:
+            names = (mesh[self.dims] if self.dims is not None else mesh).names
+            if self.inside not in (names or ()):
+                raise KeyError(f"RowwiseParallel(inside={self.inside!r}): the mesh's dimensions are {names}")
+            weight = tuple(Shard(0) if n == self.inside else Shard(1) for n in names)
+        return place(module, {"weight": weight, "bias": Replicate()}, mesh, self.dims)
 
 
 @dataclass(frozen=True)
@@ -144,13 +154,14 @@ COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head")
 ROWWISE = ("o_proj", "down_proj")
 
 
-def tp_plan(model: nn.Module, mesh, tp_dim=None) -> dict:
+def tp_plan(model: nn.Module, mesh, tp_dim=None, inside: str | None = None) -> dict:
     """The tensor-parallel plan of an unmodified Hugging Face decoder along mesh dimension(s)
     ``tp_dim`` of ``mesh`` (None: all; along the others the weights are replicated): q/k/v,
     gate/up and the LM head ``ColwiseParallel``, o/down ``RowwiseParallel``, the embedding
     vocab-parallel (``RowwiseParallel``), norms ``ReplicateParallel``; any other layer (an
     MoE's experts, a router) keeps its placement. Layers repeated per block are one pattern
-    (``model.layers.*.mlp.up_proj``). For ``parallelize_module(model, mesh, plan)``."""
+    (``model.layers.*.mlp.up_proj``). ``inside``: o/down column-parallel along that mesh
+    dimension (``RowwiseParallel.inside``). For ``parallelize_module(model, mesh, plan)``."""
     dims = None if tp_dim is None else tuple([tp_dim] if isinstance(tp_dim, (str, int)) else tp_dim)
     if dims is not None:
         mesh[dims]                       # NOTE: a KeyError naming the mesh's dimensions, before any plan
@@ -161,7 +172,7 @@ def tp_plan(model: nn.Module, mesh, tp_dim=None) -> dict:
         if isinstance(sub, nn.Linear) and leaf in COLWISE:
             plan.setdefault(pattern, ColwiseParallel(dims))
         elif isinstance(sub, nn.Linear) and leaf in ROWWISE:
-            plan.setdefault(pattern, RowwiseParallel(dims))
+            plan.setdefault(pattern, RowwiseParallel(dims, inside))
         elif isinstance(sub, nn.Embedding):
             plan.setdefault(pattern, RowwiseParallel(dims))
         elif type(sub).__name__.endswith("Norm") and any(True for _ in sub.parameters(recurse=False)):
