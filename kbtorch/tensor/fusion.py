@@ -333,7 +333,7 @@ def _fused(graph, group: list) -> dict:
     vec, eb = vecs[-1], max(vecs, key=lambda v: v.n).elem_bytes
     pes = list(vec.pes)[:max(1, min(len(vec.pes), n))]
     streams, ratio = _streams(graph, group, ins, outs, n, eb)
-    copies = min(v.copies for v in vecs) if all(v.copies == len(v.pes) for v in vecs) else 1
+    copies = len(pes) if all(v.copies == len(v.pes) for v in vecs) else 1
     fused = VectorPass(names, n, tuple(pes), streams, vec.dtype, eb, flops, max(ratio, 1 / n), copies)
     progs = build(elementwise_kernel, pes, graph.machine, names, n, streams, eb, vec.dtype, flops, fused.out_ratio,
                   name=f"fused {names}")

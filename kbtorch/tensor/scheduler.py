@@ -206,7 +206,7 @@ def _relay_tree(put, d: int, sources: list, targets: list, engines: dict, machin
         roots[chip] = pes.pop(0)
     for chip, pes in sorted(chips.items()):
         here = [roots[chip]] if chip in roots else [pe for pe in sources if machine.chip_of(pe) == chip]
-        told = [(pe, told_wait(pe) if chip not in roots else Wait(f"{d}.relay", 1, 0)) for pe in here]
+        told = [(pe, told_wait(pe)) for pe in here]
         queue, i = list(pes), 0
         while i < len(told) and queue:
             src, wait = told[i]

@@ -35,7 +35,7 @@ POINTWISE = ("elementwise", "copy")
 
 def one_memory(machine, groups: tuple) -> bool:
     """Whether every group's PEs bind the same memory."""
-    return bool(groups) and all(len({machine.pes[p].hbm for p in g}) == 1 for g in groups)
+    return bool(groups) and all(len(memories(machine, g)) == 1 for g in groups)
 
 
 def barrier(groups: tuple, after: frozenset = frozenset()) -> dict:
@@ -97,17 +97,15 @@ def _alone_ps(machine, programs: dict) -> int:
 
 
 def rewrite(graph, plan):
-    """``plan`` with every all-gather inside one memory a barrier (module docstring)."""
+    """``plan`` with every all-gather inside one memory a barrier and every replicated
+    pointwise pass there split once per memory where that is faster (module docstring)."""
     kernels, machine = list(plan.kernels), graph.machine
-    changed = False
     for i, k in enumerate(kernels):
         timed = graph.kernels[k.members[0]].timed
         if len(k.members) == 1 and timed.kernel.startswith("all_gather") and one_memory(machine, timed.groups):
             kernels[i] = replace(k, programs=barrier(timed.groups), kernel="barrier (shared copy)",
                                  detail=f"{k.detail}; an all-gather inside one memory: no data moves")
-            changed = True
-        elif all(graph.kernels[m].timed.kernel.startswith(POINTWISE) for m in k.members) \
-                and k.kernel.startswith((*POINTWISE, "fused vector")):
+        elif all(graph.kernels[m].timed.kernel.startswith(POINTWISE) for m in k.members):
             fused = len(k.members) > 1
             got = split_pass(machine, k.vector if fused else getattr(timed.result, "vector", None))
             # NOTE: split only when faster alone than the whole pass on every PE: a tiny pass
@@ -115,5 +113,4 @@ def rewrite(graph, plan):
             if got is not None and got[1] < (_alone_ps(machine, k.programs) if fused else timed.result.latency_ps):
                 kernels[i] = replace(k, programs=got[0], kernel=f"{k.kernel} (shared copy)",
                                      detail=f"{k.detail}; once per memory, split over its PEs")
-                changed = True
-    return fusion.Plan(tuple(kernels), plan.key, plan.keep) if changed else plan
+    return fusion.Plan(tuple(kernels), plan.key, plan.keep)
