@@ -2,10 +2,12 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import DATA
 
-from kbtorch.ops.attention import attention
+from kbtorch.ops.attention import _plan, attention
 from kbtorch.ops.attention_plan import (AttentionShape, AttentionTiling, chunk_sizes, decode_plan, prefill_plan,
                                         team_size)
+from kbtorch.topology import load_machine
 
 TOL = {torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float32: 1e-5}
 
@@ -138,3 +140,17 @@ def test_bad_inputs_name_the_fault(ahbm, kwargs, fault):
 def test_bad_tiling_names_the_field():
     with pytest.raises(ValueError, match="chunk=0"):
         AttentionTiling(br=1, bc=8, chunk=0)
+
+
+@pytest.mark.parametrize("lq, causal", [(1, False), (24, True)])
+def test_on_several_chips_each_chip_takes_its_own_kv_heads(lq, causal):
+    """On tiny_system (4 chips x 4 PEs) with 4 kv heads, every work item of head h runs on
+    chip h, all chips get the same share, and the values still equal SDPA."""
+    system = load_machine(str(DATA / "tiny_system.toml"))
+    q, k, v = torch.randn(2, 8, lq, 16), torch.randn(2, 4, 40, 16), torch.randn(2, 4, 40, 16)
+    run = attention(q, k, v, is_causal=causal, machine=system)
+    _, works = _plan(system, run.shape, run.tiling, list(range(16)))
+    assert all(system.chip_of(w.pe) == it.h for w in works for it in w.items)
+    assert len({sum(1 for w in works if system.chip_of(w.pe) == c) for c in range(4)}) == 1
+    assert torch.allclose(run.out, F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True),
+                          atol=1e-5)

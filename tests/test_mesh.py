@@ -170,3 +170,16 @@ def test_reductions_over_a_2d_sharded_dimension_move_only_their_parts(system):
     assert sum(r.bytes for r in moved) < t.numel() * 4 / 4
     total = x.sum(dim=-1)
     assert total.placements == (Partial(), Partial()) and torch.allclose(total.cpu(), t.sum(dim=-1), atol=1e-3)
+
+
+def test_a_dimension_smaller_than_the_mesh_lies_as_nested_sharding_deals_it(system):
+    """4 heads Shard along (chip, pe) lie one per chip, on its first PE (DTensor's nested
+    chunks), not on chip 0's four PEs: a pointwise pass over them runs there."""
+    from kbtorch.tensor.kernels import vector
+    from kbtorch.tensor.placement import holders
+    mesh = init_device_mesh(machine=system)
+    assert holders(mesh, 4) == (0, 4, 8, 12) and holders(mesh, 8) == (0, 1, 4, 5, 8, 9, 12, 13)
+    assert holders(mesh, 6) == (0, 1, 4, 5, 8, 9) and holders(mesh, 64) == mesh.pes
+    assert holders(init_device_mesh((16,), ("all",), machine=system), 4) == (0, 1, 2, 3)
+    run = vector(system, "mul", 2 * 4 * 8, placed=Shard(1), pes=mesh, shape=(2, 4, 1, 8))
+    assert run.vector.pes == (0, 4, 8, 12)

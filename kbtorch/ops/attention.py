@@ -27,7 +27,7 @@ pair and query head.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -90,9 +90,27 @@ def _shape_of(q, k, v, shape, dtype) -> tuple[AttentionShape, bool]:
 
 
 def _plan(machine, shape: AttentionShape, tiling: AttentionTiling, pes: list) -> tuple[str, list]:
-    if shape.lq <= DECODE_MAX_LQ and not shape.causal:
-        return "decode", decode_plan(shape, tiling, pes, {pe: machine.hbm_port(pe)[0] for pe in pes})
-    return "prefill", prefill_plan(shape, tiling, pes)
+    """(kind, works). NOTE: on PEs of several chips whose kv heads split evenly over them,
+    each chip takes its own heads (as tensor parallelism across chips places them) and plans
+    them on its PEs: spreading one head's keys over chips would gain no bandwidth, and
+    dealing pairs over the PEs in order would load some chips more than others."""
+    kind = "decode" if shape.lq <= DECODE_MAX_LQ and not shape.causal else "prefill"
+    chips: dict = {}
+    for pe in pes:
+        chips.setdefault(machine.chip_of(pe), []).append(pe)
+    groups = list(chips.values())
+    if len(groups) == 1 or shape.hkv % len(groups) or len({len(g) for g in groups}) != 1:
+        return kind, _plan_on(machine, kind, shape, tiling, pes)
+    per = shape.hkv // len(groups)
+    sub = replace(shape, hq=shape.hq // len(groups), hkv=per)
+    return kind, [replace(w, items=tuple(replace(it, h=it.h + c * per) for it in w.items))
+                  for c, group in enumerate(groups) for w in _plan_on(machine, kind, sub, tiling, group)]
+
+
+def _plan_on(machine, kind: str, shape: AttentionShape, tiling: AttentionTiling, pes: list) -> list:
+    if kind == "decode":
+        return decode_plan(shape, tiling, pes, {pe: machine.hbm_port(pe)[0] for pe in pes})
+    return prefill_plan(shape, tiling, pes)
 
 
 def _fits(machine, shape, works) -> bool:

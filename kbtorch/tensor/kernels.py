@@ -13,7 +13,7 @@ import torch
 
 from ..ops.contract import dtype_of
 from ..ops.elementwise import elementwise
-from .placement import Partial, Shard, Spec, scoped_pes
+from .placement import Mesh, Partial, Shard, Spec, holders, scoped_pes
 
 
 @dataclass(frozen=True)
@@ -49,15 +49,18 @@ def timed(name: str, args, kernel: str, result, flops: int, detail: str = "", ro
 
 def vector(machine, op: str, numel: int, *, placed=None, pes=None, shape=None, inputs: int = 2, dtype: str = "f16",
            elem_bytes: int = 2, flops_per_element: int | None = None, out_ratio: float = 1.0):
-    """The vector MATH kernel (``ops.elementwise``) for a result of ``numel`` elements on the
-    PEs ``pes`` (default: all, or the scope's: ``placement.SCOPE``): split over the PEs that hold a part when ``placed`` is a
-    ``Shard`` (at most ``shape[dim]`` of them), else all of it on every PE (replicated:
-    redundant work, no communication)."""
-    pes = tuple((scoped_pes(machine) or range(len(machine.pes))) if pes is None else pes)
+    """The vector MATH kernel (``ops.elementwise``) for a result of ``numel`` elements on
+    ``pes`` (PE ids, or the ``Mesh`` of the op's tensor; default: all, or the scope's:
+    ``placement.SCOPE``): split over the PEs that hold a part when ``placed`` is a ``Shard``
+    (at most ``shape[dim]`` of them: on a mesh, ``placement.holders``), else all of it on
+    every PE (replicated: redundant work, no communication)."""
+    mesh = pes if isinstance(pes, Mesh) else None
+    pes = tuple((scoped_pes(machine) or range(len(machine.pes))) if pes is None else mesh.pes if mesh else pes)
     n = numel if isinstance(placed, Shard) else numel * len(pes)
     copies = 1 if isinstance(placed, (Shard, Partial)) else len(pes)     # NOTE: partial sums differ per PE
     if isinstance(placed, Shard) and shape:
-        pes = pes[:max(1, min(len(pes), shape[placed.dim % len(shape)]))]
+        size = shape[placed.dim % len(shape)]
+        pes = holders(mesh, size) if mesh else pes[:max(1, min(len(pes), size))]
     return _vector(machine, op, max(1, n), pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio, copies)
 
 
@@ -89,10 +92,10 @@ class VectorPass:
     copies: int = 1
 
 
-def mesh_pes(x) -> tuple | None:
-    """The PEs of an ahbm tensor's mesh (None for anything else)."""
+def mesh_of(x) -> Mesh | None:
+    """The mesh of an ahbm tensor (None for anything else)."""
     spec = getattr(x, "_spec", None)
-    return tuple(spec.mesh.pes) if spec is not None else None
+    return spec.mesh if spec is not None else None
 
 
 def on(like, placement) -> Spec:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ..ops.attention import attention
 from .dispatch import Out, host_call, register, same_device, value_of
-from .kernels import kernel_dtype, mesh_pes, timed, vector
+from .kernels import kernel_dtype, mesh_of, timed, vector
 from .ops_matmul import timed_mm
 from .placement import Shard, scoped_pes
 
@@ -63,7 +63,7 @@ def _mask_pass(machine, q, mask):
     """The mask's pass: a ``select`` over its elements, split over the PEs of ``q``'s mesh."""
     dtype, eb = kernel_dtype(value_of(mask), "scaled_dot_product_attention")
     n = mask.numel()
-    run = vector(machine, "select", n, placed=Shard(0), pes=mesh_pes(q), shape=(n,), inputs=1, dtype=dtype,
+    run = vector(machine, "select", n, placed=Shard(0), pes=mesh_of(q), shape=(n,), inputs=1, dtype=dtype,
                  elem_bytes=eb)
     return timed("aten::scaled_dot_product_attention (mask)", (mask,), "elementwise select", run,
                  machine.math_flops("select") * n)

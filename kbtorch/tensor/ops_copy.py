@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .dispatch import Out, is_ahbm, register, same_device, value_of
-from .kernels import kernel_dtype, mesh_pes, on, timed, vector
+from .kernels import kernel_dtype, mesh_of, on, timed, vector
 from .ops_meta import off_device
 from .placement import Partial, Shard
 from .sharding import elementwise_inputs, placement, settle_partial
@@ -32,7 +32,7 @@ def _flat(args) -> list:
 def timed_copy(machine, op: str, tensors, out: torch.Tensor, placed):
     """The copy pass of ``out`` (placed by ``placed``) on the PEs of the first ahbm tensor."""
     dtype, eb = kernel_dtype(out, op)
-    pes = next((mesh_pes(t) for t in tensors if mesh_pes(t)), None)
+    pes = next((mesh_of(t) for t in tensors if mesh_of(t)), None)
     run = vector(machine, "copy", out.numel(), placed=placed, pes=pes, shape=tuple(out.shape), inputs=1,
                  dtype=dtype, elem_bytes=eb, flops_per_element=0)
     return timed(f"aten::{op}", tensors, "copy", run, 0)

@@ -106,7 +106,7 @@ def bias_run(machine, op: str, args, kwargs, spec, shape: tuple, dtype: str, eb:
         return None
     cls = "add" if beta == 1 and alpha == 1 else "fma"
     n = int(torch.Size(shape).numel())
-    run = vector(machine, cls, n, placed=spec.uniform or Replicate(), pes=tuple(spec.mesh.pes), shape=shape, dtype=dtype,
+    run = vector(machine, cls, n, placed=spec.uniform or Replicate(), pes=spec.mesh, shape=shape, dtype=dtype,
                  elem_bytes=eb)
     return timed(f"{op} (bias)", args, f"elementwise {cls}", run, machine.math_flops(cls) * n)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from .dispatch import Out, host_call, refuse, register, same_device, value_of
-from .kernels import kernel_dtype, mesh_pes, on, timed, vector
+from .kernels import kernel_dtype, mesh_of, on, timed, vector
 from .ops_matmul import timed_mm
 from .placement import Replicate
 from .sharding import placement, rowwise_input
@@ -54,7 +54,7 @@ def count(func, args, kwargs, machine):
         return Out(out, on(x, Replicate()))
     src = rowwise_input(x, tuple(range(x.dim())))
     dtype, eb = kernel_dtype(value_of(x), name)
-    run = vector(machine, "reduce", n, placed=placement(src), pes=mesh_pes(src), shape=tuple(src.shape), inputs=1,
+    run = vector(machine, "reduce", n, placed=placement(src), pes=mesh_of(src), shape=tuple(src.shape), inputs=1,
                  dtype=dtype, elem_bytes=eb, out_ratio=max(1, out.numel()) / n)
     return Out(out, on(x, Replicate()), runs=(timed(f"aten::{name}", args, "vector reduce", run,
                                                     machine.math_flops("reduce") * n),))

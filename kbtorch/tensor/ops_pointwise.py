@@ -17,7 +17,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .dispatch import Out, host_call, is_ahbm, refuse, register, same_device
-from .kernels import kernel_dtype, mesh_pes, on, timed, vector
+from .kernels import kernel_dtype, mesh_of, on, timed, vector
 from .sharding import elementwise_inputs, placement
 
 aten = torch.ops.aten
@@ -85,7 +85,7 @@ def pointwise_run(machine, name: str, cls: str, tensors: list, out: torch.Tensor
         eb = widest.element_size()
         if not out.is_floating_point():
             dtype = kernel_dtype(widest, name)[0]
-    run = vector(machine, cls, out.numel(), placed=placed, pes=mesh_pes(tensors[0]), shape=tuple(out.shape),
+    run = vector(machine, cls, out.numel(), placed=placed, pes=mesh_of(tensors[0]), shape=tuple(out.shape),
                  inputs=len(tensors) or 1, dtype=dtype, elem_bytes=eb, out_ratio=out.element_size() / eb)
     flops = machine.math_flops(cls) * out.numel()
     return placed, timed(f"aten::{name}", tensors, f"elementwise {cls}", run, flops)

@@ -21,7 +21,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .dispatch import Out, host_call, refuse, register, same_device
-from .kernels import kernel_dtype, mesh_pes, on, timed, vector
+from .kernels import kernel_dtype, mesh_of, on, timed, vector
 from .placement import Partial, Replicate, Shard, Spec
 from .sharding import placement, rowwise_input, rowwise_output, reduces_shard
 
@@ -83,7 +83,7 @@ def vector_pass(func, args, kwargs, machine):
         return Out(out, where)
     cls = CLASSES[name.rstrip("_")]
     dtype, eb = kernel_dtype(x._value, name)
-    run = vector(machine, cls, n, placed=placement(src), pes=mesh_pes(src), shape=tuple(src.shape), inputs=1,
+    run = vector(machine, cls, n, placed=placement(src), pes=mesh_of(src), shape=tuple(src.shape), inputs=1,
                  dtype=dtype, elem_bytes=eb, out_ratio=sum(t.numel() for t in results) / n)
     return Out(out, where, runs=(timed(f"aten::{name}", args, f"vector {name}", run, machine.math_flops(cls) * n),))
 

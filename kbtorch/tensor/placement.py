@@ -168,6 +168,25 @@ class Spec:
         return first if all(p == first for p in self.placements) else None
 
 
+def holders(mesh: Mesh, size: int) -> tuple:
+    """The PEs of ``mesh`` holding a part of a tensor dimension of ``size`` slices that is
+    ``Shard`` along every mesh dimension, in mesh order. Along each outer dimension the slices
+    are dealt as DTensor's nested sharding deals them (``torch.chunk``: ``ceil(n / k)`` per
+    coordinate, the last ones possibly empty); along the innermost, over ``min(n, k)`` PEs
+    (the kernels' balanced split). On a one-dimensional mesh: its first ``min(size, PEs)``.
+
+    NOTE: ``Spec.uniform`` reads such a tensor as sharded over the mesh's PEs in order; the
+    two agree when ``size`` splits evenly, but not when it is smaller: 8 kv heads on
+    (8 chips x 36 PEs) lie one per chip (on each chip's first PE), not on chip 0's first 8."""
+    def deal(pes: tuple, shape: tuple, n: int) -> list:
+        if len(shape) == 1:
+            return list(pes[:min(n, len(pes))])
+        step, per = len(pes) // shape[0], -(-n // shape[0])
+        return [p for i in range(shape[0])
+                for p in deal(pes[i * step:(i + 1) * step], shape[1:], max(0, min(per, n - i * per)))]
+    return tuple(deal(tuple(mesh.pes), tuple(mesh.shape), size)) or tuple(mesh.pes[:1])
+
+
 def flat_mesh(mesh: Mesh) -> Mesh:
     """The same PEs of the same machine as a one-dimensional mesh."""
     return Mesh(mesh.pes, (len(mesh.pes),), mesh.machine)
