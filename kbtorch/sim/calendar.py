@@ -27,10 +27,13 @@ def forget(ts: list, us: list, now) -> None:
 
 
 def avail(ts: list, us: list, h, work):
-    """Earliest time by which ``work`` ps of service fit into the spare capacity from ``h``."""
+    """Earliest time by which ``work`` ps of service fit into the spare capacity from ``h``.
+
+    NOTE: the search starts at the segment holding ``h`` (bisection): a link reserved far
+    ahead (sprayed traffic) has a long calendar, most of it before ``h``."""
     x = h
-    for i, u in enumerate(us):
-        t1 = ts[i + 1]
+    for i in range(max(0, bisect_right(ts, h) - 1), len(us)):
+        u, t1 = us[i], ts[i + 1]
         if t1 <= x:
             continue
         t0 = ts[i] if ts[i] > x else x
