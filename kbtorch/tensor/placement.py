@@ -163,7 +163,8 @@ class Spec:
     def uniform(self):
         """The one placement every mesh dimension has (None if they differ): a tensor
         ``Shard(d)`` along every dimension of a row-major mesh is ``Shard(d)`` over its PEs
-        in order, as on the flat mesh; so are ``Replicate()`` and ``Partial()``."""
+        in order, as on the flat mesh, when dimension ``d`` has a slice for every PE (else it
+        lies on ``holders``); so are ``Replicate()`` and ``Partial()``."""
         first = self.placements[0]
         return first if all(p == first for p in self.placements) else None
 
