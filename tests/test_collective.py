@@ -177,6 +177,30 @@ def test_lines_each_inside_a_chip_of_its_own_take_any_algorithm():
     assert line_algo("all_reduce", across, 2**16, "f16", system) in LINE_ALGOS
 
 
+
+@pytest.mark.parametrize("lines", ["inside", "across"])
+def test_side_by_side_groups_like_the_first_take_its_programs_renamed(monkeypatch, lines):
+    """Groups of one collective side by side build the first group's kernel once and rename
+    its programs to the others (``collective_rename``): the run is the one of every group
+    built on its own."""
+    import kbtorch.ops.collective_concurrent as cc
+    from kbtorch.kernel import run_programs
+    system = load_machine(str(DATA / "tiny_system.toml"))
+    per_chip = len(system.chip.pes)
+    groups = ([list(range(c * per_chip, (c + 1) * per_chip)) for c in range(system.chips)] if lines == "inside"
+              else [[c * per_chip + p for c in range(system.chips)] for p in range(per_chip)])
+    specs = [dict(kind="all_reduce", group=g, nbytes=2**14, algo="ring") for g in groups]
+    built = {}
+    for i, spec in enumerate(specs):
+        built.update(cc._kernel(system, i, spec, make_grid(system, spec["group"])).programs())
+    calls, ran = [], []
+    real = cc._kernel
+    monkeypatch.setattr(cc, "_kernel", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(cc, "run_programs", lambda progs, machine, mode: ran.append(progs) or run_programs(
+        progs, machine, mode=mode))
+    cc.concurrent_run(specs, machine=system)
+    assert len(calls) == 1 and ran == [built]
+
 # ---- algorithm trade-offs -----------------------------------------------------------------
 
 # Direct does not beat ring on the CUBE at any small size (1-32 KiB: ring is 1.03-1.32x

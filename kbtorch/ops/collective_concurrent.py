@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..kernel import run_programs
 from . import collective_model as model
+from . import collective_rename as rename
 from .collective import _mode, choose, collective, estimates, padded_bytes
 from .collective_group import make_grid, resolve_group
 from .collective_kernel import CollectiveKernel
@@ -32,22 +33,26 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast") -> tuple:
     machine = as_machine(machine)
     programs: dict = {}
     groups = []
+    first: dict = {}            # what a collective builds from -> (grid, kernel, programs) of the first
     for i, spec in enumerate(specs):
         pes = resolve_group(machine, spec["group"])
         taken = set(pes) & set(programs)
         if taken:
             raise CollectiveError(f"collective {i} ({spec['kind']}): PE {min(taken)} is already in another collective")
         grid = make_grid(machine, pes)
-        dtype = spec.get("dtype", "f16")
-        sched = schedule(spec["kind"], spec.get("algo", "ring"), grid)
-        eb = DTYPES[dtype].bytes
-        padded = padded_bytes(sched, spec["nbytes"], eb)
-        if padded is None:
-            raise CollectiveError(f"collective {i} ({spec['kind']}): {spec['nbytes']} bytes do not split into "
-                                  f"{sched.blocks} equal blocks")
-        kernel = CollectiveKernel(machine, sched, grid, padded, eb, dtype, spec.get("op", "sum"),
-                                  spec.get("packet_bytes"))
-        programs.update(kernel.programs())
+        key = (spec["kind"], spec.get("algo", "ring"), spec["nbytes"], spec.get("dtype", "f16"), spec.get("op", "sum"),
+               spec.get("packet_bytes"))
+        progs = None
+        if key in first:
+            # NOTE: as ``collective_units.build``: a group like an earlier one on PEs of the same
+            # hardware takes its programs renamed (``collective_rename``), not built again.
+            grid0, kernel0, progs0 = first[key]
+            progs = rename.programs(machine, progs0, grid0, grid, multicast=not kernel0.multicasts_alike(grid.pes))
+        if progs is None:
+            kernel = _kernel(machine, i, spec, grid)
+            progs = kernel.programs()
+            first.setdefault(key, (grid, kernel, progs))
+        programs.update(progs)
         groups.append(pes)
     if mode == "auto":
         # NOTE: as one collective's ``mode="auto"`` (``collective._mode``), over all the groups'
@@ -55,6 +60,17 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast") -> tuple:
         nbytes = sum(s["nbytes"] * len(g) for s, g in zip(specs, groups))
         mode = _mode("auto", machine, nbytes, [0], programs, model.resource_ps(machine, programs))
     return run_programs(programs, machine, mode=mode), groups
+
+
+def _kernel(machine, i: int, spec: dict, grid) -> CollectiveKernel:
+    dtype = spec.get("dtype", "f16")
+    sched = schedule(spec["kind"], spec.get("algo", "ring"), grid)
+    eb = DTYPES[dtype].bytes
+    padded = padded_bytes(sched, spec["nbytes"], eb)
+    if padded is None:
+        raise CollectiveError(f"collective {i} ({spec['kind']}): {spec['nbytes']} bytes do not split into "
+                              f"{sched.blocks} equal blocks")
+    return CollectiveKernel(machine, sched, grid, padded, eb, dtype, spec.get("op", "sum"), spec.get("packet_bytes"))
 
 
 def on_groups(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", machine=None) -> tuple[float, str]:
