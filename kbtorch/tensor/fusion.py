@@ -31,8 +31,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..kernel.api import build
-from ..ops.elementwise import elementwise_kernel
 from .gemm_fused import epilogue, prologue
 from .kernels import VectorPass
 
@@ -335,9 +333,7 @@ def _fused(graph, group: list) -> dict:
     streams, ratio = _streams(graph, group, ins, outs, n, eb)
     copies = len(pes) if all(v.copies == len(v.pes) for v in vecs) else 1
     fused = VectorPass(names, n, tuple(pes), streams, vec.dtype, eb, flops, max(ratio, 1 / n), copies)
-    progs = build(elementwise_kernel, pes, graph.machine, names, n, streams, eb, vec.dtype, flops, fused.out_ratio,
-                  name=f"fused {names}")
-    return dict(programs=progs, kernel="fused vector", vector=fused,
+    return dict(programs=fused.programs(graph.machine, name=f"fused {names}"), kernel="fused vector", vector=fused,
                 detail=f"{len(group)} passes, {len(ins)} input(s), {len(outs)} output(s)")
 
 

@@ -11,8 +11,9 @@ from typing import Callable
 
 import torch
 
+from ..kernel.api import build
 from ..ops.contract import dtype_of
-from ..ops.elementwise import elementwise
+from ..ops.elementwise import elementwise, elementwise_kernel
 from .placement import Mesh, Partial, Shard, Spec, holders, scoped_pes
 
 
@@ -55,7 +56,9 @@ def vector(machine, op: str, numel: int, *, placed=None, pes=None, shape=None, i
     (at most ``shape[dim]`` of them: on a mesh, ``placement.holders``), else all of it on
     every PE (replicated: redundant work, no communication)."""
     mesh = pes if isinstance(pes, Mesh) else None
-    pes = tuple((scoped_pes(machine) or range(len(machine.pes))) if pes is None else mesh.pes if mesh else pes)
+    if mesh is not None:
+        pes = mesh.pes
+    pes = tuple((scoped_pes(machine) or range(len(machine.pes))) if pes is None else pes)
     n = numel if isinstance(placed, Shard) else numel * len(pes)
     copies = 1 if isinstance(placed, (Shard, Partial)) else len(pes)     # NOTE: partial sums differ per PE
     if isinstance(placed, Shard) and shape:
@@ -90,6 +93,11 @@ class VectorPass:
     flops: int
     out_ratio: float
     copies: int = 1
+
+    def programs(self, machine, n: int | None = None, name: str = "") -> dict:
+        """``{pe: [commands]}`` of this pass over its PEs (of ``n`` elements instead, if given)."""
+        return build(elementwise_kernel, list(self.pes), machine, self.op, self.n if n is None else n, self.inputs,
+                     self.elem_bytes, self.dtype, self.flops, self.out_ratio, name=name or self.op)
 
 
 def mesh_of(x) -> Mesh | None:

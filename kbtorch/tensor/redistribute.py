@@ -148,10 +148,10 @@ def redistribute(x, placements):
 def _record(mesh, dim: int, kind: str, label: str, shape: tuple, numel: int, eb: int, dtype: str) -> None:
     """Time collective ``kind`` of ``numel`` elements per member on every line of mesh
     dimension ``dim`` and record it on the stream (or in the graph being captured)."""
-    lines = _lines(mesh, dim)
+    lines = tuple(tuple(g) for g in _lines(mesh, dim))
     n = len(lines[0])
     elems = padded(numel, n)
-    latency, algo, result = _timed(mesh.machine, kind, tuple(tuple(g) for g in lines), elems * eb, dtype)
+    latency, algo, result = _timed(mesh.machine, kind, lines, elems * eb, dtype)
     what = (label, (shape,), f"{kind} {algo} x{len(lines)}")
     where = f"'{mesh.names[dim]}'" if mesh.names else str(dim)
     detail = f"mesh dim {where}, {n} PEs per group"
@@ -159,8 +159,8 @@ def _record(mesh, dim: int, kind: str, label: str, shape: tuple, numel: int, eb:
     if tracing():
         pass
     elif graph is not None:
-        split = rows(mesh.machine, kind, tuple(tuple(g) for g in lines), shape, numel, eb, dtype)
-        graph.kernel(mesh.machine, Timed(*what, result, 0, detail, split, tuple(tuple(g) for g in lines)))
+        split = rows(mesh.machine, kind, lines, shape, numel, eb, dtype)
+        graph.kernel(mesh.machine, Timed(*what, result, 0, detail, split, lines))
     else:
         record(*what, latency, bytes=elems * eb * len(lines), detail=detail)
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from ..kernel import build, run_programs
-from ..ops.elementwise import elementwise_kernel, pass_mode
+from ..kernel import run_programs
+from ..ops.elementwise import pass_mode
 from ..sim.commands import Fetch, Send, Signal, Wait
 from . import fusion
 
@@ -78,8 +78,7 @@ def split_pass(machine, vec) -> tuple | None:
     if vec.copies != len(vec.pes) or len(groups) == len(vec.pes):
         return None
     once = vec.n // vec.copies * len(groups)
-    progs = build(elementwise_kernel, list(vec.pes), machine, vec.op, once, vec.inputs, vec.elem_bytes, vec.dtype,
-                  vec.flops, vec.out_ratio, name=f"{vec.op} (shared copy)")
+    progs = vec.programs(machine, once, name=f"{vec.op} (shared copy)")
     working = frozenset(pe for pe, cmds in progs.items() if cmds)
     for pe in working:
         last = progs[pe][-1]
@@ -90,6 +89,13 @@ def split_pass(machine, vec) -> tuple | None:
     meet = barrier(groups, working)
     split = {pe: list(progs.get(pe, [])) + meet.get(pe, []) for pe in vec.pes}
     return split, _alone_ps(machine, split)
+
+
+@lru_cache(maxsize=1024)
+def _whole_ps(machine, vec) -> int:
+    """Latency alone of a fused pass run whole on every PE: the programs ``fusion`` built
+    from the same parameters, simulated once per pass, not at every rewrite."""
+    return _alone_ps(machine, vec.programs(machine, name=f"fused {vec.op}"))
 
 
 def _alone_ps(machine, programs: dict) -> int:
@@ -110,7 +116,7 @@ def rewrite(graph, plan):
             got = split_pass(machine, k.vector if fused else getattr(timed.result, "vector", None))
             # NOTE: split only when faster alone than the whole pass on every PE: a tiny pass
             # stays whole (the barrier would cost more), as a stack would choose.
-            if got is not None and got[1] < (_alone_ps(machine, k.programs) if fused else timed.result.latency_ps):
+            if got is not None and got[1] < (_whole_ps(machine, k.vector) if fused else timed.result.latency_ps):
                 kernels[i] = replace(k, programs=got[0], kernel=f"{k.kernel} (shared copy)",
                                      detail=f"{k.detail}; once per memory, split over its PEs")
     return fusion.Plan(tuple(kernels), plan.key, plan.keep)
