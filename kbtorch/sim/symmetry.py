@@ -30,6 +30,7 @@ the representatives only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
+from bisect import bisect_left
 from functools import lru_cache
 
 from .commands import Composite, Compute, Dma, Fetch, Loc, Multicast, Send, Store
@@ -131,6 +132,7 @@ def _paths(machine, pe: int, cmds) -> tuple[set, set]:
     return keys, peers
 
 
+@lru_cache(maxsize=65536)
 def _path(machine, key: tuple) -> tuple:
     """The node paths of ``key``: one, or every path of a sprayed transfer."""
     kind, src, dst = key
@@ -139,30 +141,35 @@ def _path(machine, key: tuple) -> tuple:
     return tuple(p for p, _ in data_paths(machine, src, dst)) if machine.multipath else (data_path(machine, src, dst),)
 
 
-def _units(machine, programs: dict, level: int, cache: dict) -> dict | None:
+def _units(machine, programs: dict, level: int, scan) -> dict | None:
     """``{unit prefix: (PEs, node paths used)}`` at ``level``, or None if two units share a
-    node or a PE signals outside its unit."""
+    node or a PE signals outside its unit (``scan(pe)``: the PE's path keys and peers,
+    ``_paths``, memoised across levels)."""
     units: dict = {}
-    owner: dict = {}
-    for pe, cmds in programs.items():
+    for pe in programs:
         unit = _levels(machine.pes[pe].prefix)[level]
-        keys, peers = _paths(machine, pe, cmds)
-        if any(not machine.pes[p].prefix.startswith(unit) for p in peers):
+        if any(not machine.pes[p].prefix.startswith(unit) for p in scan(pe)[1]):
             return None
-        pes, paths = units.setdefault(unit, ([], set()))
-        pes.append(pe)
-        for key in keys:
-            if key not in cache:
-                cache[key] = _path(machine, key)
-            paths.update(cache[key])
-    for unit, (_, paths) in units.items():
+        units.setdefault(unit, ([], set()))[0].append(pe)
+    owner: dict = {}
+    for unit, (pes, paths) in units.items():
+        for pe in pes:
+            for key in scan(pe)[0]:
+                paths.update(_path(machine, key))
         for node in {n for path in paths for n in path}:
             if owner.setdefault(node, unit) != unit:
                 return None
-        for other in units:
-            if other != unit and any(n.startswith(other) for path in paths for n in path):
+            # NOTE: a unit prefix ends with a dot, so a node inside another unit has that
+            # unit among its own dotted prefixes.
+            if any(p != unit and p in units for p in _dotted(node)):
                 return None
     return units
+
+
+@lru_cache(maxsize=65536)
+def _dotted(node: str) -> tuple:
+    """``"a0.b1.c"`` -> ``("a0.", "a0.b1.")``: the prefixes a unit can have."""
+    return tuple(node[:i + 1] for i, ch in enumerate(node) if ch == ".")
 
 
 def _namer(unit: str):
@@ -201,7 +208,7 @@ def _canon(x, rel, rel_pe):
     if t is Loc:
         return ("loc", rel(x.node), x.addr)
     if t is tuple:
-        return tuple([_canon(v, rel, rel_pe) for v in x])
+        return tuple([v if type(v) in _PLAIN else _canon(v, rel, rel_pe) for v in x])
     names = _FIELDS.get(t)
     if names is None:
         if not is_dataclass(x):
@@ -216,7 +223,8 @@ def _canon(x, rel, rel_pe):
             v = tuple((rel_pe(p), s) for p, s in v)
         elif name == "pes":     # a shared read's gang (``Share``)
             v = tuple(rel_pe(p) for p in v)
-        out.append(_canon(v, rel, rel_pe))
+        # NOTE: plain values inline: most fields are (a call each would double the cost).
+        out.append(v if type(v) in _PLAIN else _canon(v, rel, rel_pe))
     return tuple(out)
 
 
@@ -225,11 +233,19 @@ def hardware(machine, unit: str) -> tuple:
     """The nodes and links inside ``unit``, named relative to it."""
     g = machine.graph
     n = len(unit)
-    nodes = tuple(sorted((v[n:], d["kind"], d["overhead_ps"], repr(d.get("params")))
-                         for v, d in g.nodes(data=True) if v.startswith(unit)))
+    names = _names(machine)
+    inside = names[bisect_left(names, unit):bisect_left(names, unit[:-1] + chr(ord(unit[-1]) + 1))]
+    nodes = tuple(sorted((v[n:], g.nodes[v]["kind"], g.nodes[v]["overhead_ps"], repr(g.nodes[v].get("params")))
+                         for v in inside))
     edges = tuple(sorted((u[n:], v[n:], d["flit_ps"], d["prop_ps"], d["kind"])
-                         for u, v, d in g.edges(data=True) if u.startswith(unit) and v.startswith(unit)))
+                         for u in inside for v, d in g.adj[u].items() if v.startswith(unit)))
     return nodes, edges
+
+
+@lru_cache(maxsize=8)
+def _names(machine) -> list:
+    """The machine's node names, sorted (those with one prefix are a slice)."""
+    return sorted(machine.graph.nodes)
 
 
 def _routes(machine, unit: str, paths: set, rel) -> tuple:
@@ -250,10 +266,16 @@ def reduce(machine, programs: dict) -> Reduction:
     if len(programs) < 2:
         return whole
     depth = min(len(_levels(machine.pes[pe].prefix)) for pe in programs)
-    cache: dict = {}
+    scanned: dict = {}
+
+    def scan(pe):
+        got = scanned.get(pe)
+        if got is None:
+            got = scanned[pe] = _paths(machine, pe, programs[pe])
+        return got
     units = None
     for level in range(depth):
-        units = _units(machine, programs, level, cache)
+        units = _units(machine, programs, level, scan)
         if units is not None:
             break
     if units is None:
