@@ -11,7 +11,9 @@ chip" are each chip's own block (the paper's Fig. 8 axis), ``nbytes`` the gather
   bidir-ring (reported beside it) beat direct, the 1 KiB latency.
 - **all-reduce 1 GiB** on maia200_x8 (algorithm auto): % of the kernel's bound, wall.
 - **all-to-all 64 MiB** per chip on maia200_x8: % of its bound.
-- **64 chips**: load maia200_x64 + a 1 GiB all-reduce across its chips, wall.
+- **64 chips**: load maia200_x64 + a 1 GiB all-reduce across its chips, wall (``--quick``:
+  16 MiB, 151.0 us simulated in about 110 s and 0.9 GB; the 1 GiB one is about 64x its
+  events: still running after 25 min at 17 GB when stopped).
 - **pod**: maia200_pod (6144 coarse chips) loaded, and one all-reduce across all chips (64 KiB per chip, recursive doubling).
 
 Nothing is asserted: the targets block prints PASS/FAIL with the measured figure.
@@ -83,11 +85,11 @@ def summary(points: list) -> dict:
             "lat_1kib_ns": min(by[(a, KiB)]["latency_ns"] for a in algos)}
 
 
-def sixty_four() -> dict:
+def sixty_four(nbytes: int) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     m = load_machine("maia200_x64")
     load_s = time.perf_counter() - t0
-    r = timed("all_reduce", m, GiB)
+    r = timed("all_reduce", m, nbytes)
     return dict(r, load_s=load_s, total_s=time.perf_counter() - t0, total_cpu_s=time.process_time() - c0)
 
 
@@ -102,7 +104,8 @@ def pod() -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="all-gather up to 64 MiB per chip; no pod")
+    ap.add_argument("--quick", action="store_true",
+                    help="all-gather up to 64 MiB per chip; maia200_x64's all-reduce of 16 MiB, not 1 GiB; no pod")
     ap.add_argument("--json", help="write every number to this file")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -114,7 +117,7 @@ def main(argv=None) -> int:
     x8 = load_machine("maia200_x8")
     for key, run in (("allreduce", lambda: timed("all_reduce", x8, GiB)),
                      ("alltoall", lambda: timed("all_to_all", x8, 64 * MiB * x8.chips)),
-                     ("x64", sixty_four), ("pod", None if args.quick else pod)):
+                     ("x64", lambda: sixty_four(16 * MiB if args.quick else GiB)), ("pod", None if args.quick else pod)):
         res[key] = run() if run else None
         if res[key]:
             r = res[key]
@@ -144,7 +147,8 @@ def main(argv=None) -> int:
         {"target": "all-to-all 64 MiB per chip runs, % of bound reported",
          "measured": f"{res['alltoall']['pct_bound']:.1f}%", "pass": True},
         {"target": "64 chips: load + 1 GiB all-reduce <= 120 s", "measured": f"{res['x64']['total_s']:.0f} s "
-         f"(load {res['x64']['load_s']:.0f} s; {res['x64']['total_cpu_s']:.0f} s CPU)", "pass": res["x64"]["total_s"] <= 120},
+         f"(load {res['x64']['load_s']:.0f} s; {res['x64']['total_cpu_s']:.0f} s CPU)" + (" for 16 MiB (--quick)" if args.quick else ""),
+         "pass": not args.quick and res["x64"]["total_s"] <= 120},
     ]
     if res["pod"]:
         p = res["pod"]
