@@ -43,14 +43,37 @@ def test_on_groups_is_auto_in_grid_order_alone_and_the_best_line_algorithm_side_
 
 def test_lines_each_inside_a_chip_of_its_own_take_any_algorithm():
     """Groups on chips of their own share no link: every algorithm, as one group's ``auto``
-    chooses; lines across the chips (sharing the network) keep to the point-to-point ones."""
+    chooses."""
     system = load_machine(str(DATA / "tiny_system.toml"))
     per_chip = len(system.chip.pes)
     inside = [tuple(range(c * per_chip, (c + 1) * per_chip)) for c in range(system.chips)]
     best = collective("reduce_scatter", group=list(inside[0]), nbytes=2**16, machine=system).algo
     assert best not in LINE_ALGOS and line_algo("reduce_scatter", inside, 2**16, "f16", system) == best
+
+
+@pytest.mark.parametrize("kind,nbytes", [("all_reduce", 2**12), ("all_gather", 2**12), ("all_gather", 2**20),
+                                         ("reduce_scatter", 2**20)])
+def test_lines_across_chips_choose_with_the_bound_of_all_lines_together(kind, nbytes):
+    """Lines across chips take any algorithm, ranked as ``across:chip`` ranks them (the larger
+    of one line's estimate and the bound of all lines built together): the run is the
+    chosen algorithm's concurrent run, never slower than tree's (the least one-line estimate
+    here), and direct or bidir-ring win where their shared links allow."""
+    from kbtorch.ops import collective_units as units
+    from kbtorch.ops.collective import _build
+    system = load_machine(str(DATA / "tiny_system.toml"))
+    per_chip = len(system.chip.pes)
     across = [tuple(c * per_chip + p for c in range(system.chips)) for p in range(per_chip)]
-    assert line_algo("all_reduce", across, 2**16, "f16", system) in LINE_ALGOS
+    per = 2 * (system.chips if kind in units.BLOCKED else 1)
+    cands = units.candidates(kind, system, across, [nbytes // per] * per_chip, 2, "f16", "sum", 0, None, "rank",
+                             _build, estimates)
+    ns, algo, _ = on_groups_run(kind, across, nbytes=nbytes, dtype="f16", machine=system)
+    assert algo == min(cands, key=lambda a: cands[a][0]) == line_algo(kind, across, nbytes, "f16", system)
+
+    def side_by_side(a):
+        return max(concurrent([dict(kind=kind, group=list(g), nbytes=nbytes, dtype="f16", algo=a) for g in across],
+                              machine=system, mode="auto"))
+    assert ns == side_by_side(algo) <= side_by_side("tree")
+    assert algo != "tree" or kind == "all_reduce"
 
 
 @pytest.mark.parametrize("lines", ["inside", "across"])

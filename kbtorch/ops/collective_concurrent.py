@@ -6,10 +6,11 @@ from __future__ import annotations
 from ..kernel import run_programs
 from . import collective_model as model
 from . import collective_rename as rename
-from .collective import _mode, choose, collective, estimates, padded_bytes
+from . import collective_units as units
+from .collective import _build, _mode, choose, collective, estimates, padded_bytes
 from .collective_group import make_grid, resolve_group
 from .collective_kernel import CollectiveKernel
-from .collective_plan import CollectiveError, schedule
+from .collective_plan import ALGOS, CollectiveError, schedule
 from .contract import DTYPES, as_machine
 
 __all__ = ["concurrent", "concurrent_run", "on_groups", "on_groups_run"]
@@ -100,48 +101,68 @@ def on_groups_run(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", m
         run = collective(kind, group=list(groups[0]), nbytes=nbytes, dtype=dtype, algo="auto", machine=machine,
                          order="grid")
         return run.latency_ns, run.algo, run.result
-    algo, built = _line_choice(kind, groups, nbytes, dtype, as_machine(machine))
-    specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo=algo) for g in groups]
-    if built is not None:
-        built = ((kind, algo, nbytes, dtype, "sum", None),) + built
-    result, members = concurrent_run(specs, machine=machine, mode="auto", built=built)
+    machine = as_machine(machine)
+    algo, first, lines = _line_choice(kind, groups, nbytes, dtype, machine)
+    if lines is not None:
+        # NOTE: the choice built every line (``collective_units.build``): run those programs.
+        programs, busy = lines[2], lines[3]
+        mode = _mode("auto", machine, nbytes * sum(len(g) for g in groups), [0], programs, busy)
+        result, members = run_programs(programs, machine, mode=mode), groups
+    else:
+        specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo=algo) for g in groups]
+        built = None if first is None else ((kind, algo, nbytes, dtype, "sum", None),) + first
+        result, members = concurrent_run(specs, machine=machine, mode="auto", built=built)
     return max(max(result.pe_finish_ps.get(pe, 0) for pe in pes) for pes in members) / 1000, algo, result
 
 
 def line_algo(kind: str, groups: list, nbytes: int, dtype: str, machine) -> str:
-    """The algorithm of several groups side by side, chosen for the first group alone: among
-    those whose every step goes from one member to one other (``LINE_ALGOS``; ``ring`` if
-    none applies) the one with the least estimate (``collective_choice.estimates``), or,
-    when every group lies inside a chip of its own, among all of them as one group's
-    ``algo="auto"`` chooses (``collective.choose``: the estimates checked against the built
-    kernels' bounds).
+    """The algorithm of several groups side by side:
 
-    NOTE: lines of a mesh dimension across chips are latency-bound for a decode step's
-    activations: a ring of n chips takes 2(n - 1) network steps, recursive doubling log2 n.
-    The estimate sees one group; groups that share links (lines across chips, or on one
-    chip) then contend, which the concurrent run times but the estimate does not, and
-    algorithms sending to many members at once (direct, 2d, hier) suffer that most. Groups
-    each on a chip of its own share no link, so every algorithm is a candidate (Llama-3-70B
-    TP 8 on maia200_x8: a decode step's 252 KiB reduce-scatter over each chip's 36 tiles,
-    2d 2.7 us against ring 3.9; a prefill's 32 MiB, ring 182 us, where 2d's estimate is as
-    low as ring's and it takes 488)."""
+    - every group inside a chip of its own (they share no link): as one group's
+      ``algo="auto"`` chooses (``collective.choose``: the estimates checked against the
+      built kernels' bounds);
+    - every group across chips (lines of a mesh dimension over a system): every algorithm,
+      as ``across:chip`` does (``collective_units.candidates``: the larger of one line's
+      estimate and the bound of all lines built together, over their shared links);
+    - else (groups sharing one chip) among those whose every step goes from one member to
+      one other (``LINE_ALGOS``; ``ring`` if none applies) the least estimate
+      (``collective_choice.estimates``) of the first group alone.
+
+    NOTE: a decode step's activations are latency-bound: a ring of n chips takes 2(n - 1)
+    network steps, recursive doubling log2 n, and tree wins there either way. A prefill's
+    are not, and one line's estimate misses what lines sharing links cost each other:
+    Llama-3-70B TP 8's prefill all-reduce across the 8 chips, 36 lines of 932 KB, takes
+    122.7 us by tree (the least one-line estimate) and 57.8 us by hier (chosen with the
+    lines' bound; 2d 87.0, bidir-ring 84.3, direct 110.9); its all-gather 64.6 -> 28.6 us,
+    reduce-scatter 56.2 -> 34.2. Inside chips (TP 8's 252 KiB reduce-scatter over each
+    chip's 36 tiles): 2d 2.7 us against ring 3.9; a prefill's 32 MiB, ring 182 us, where
+    2d's estimate is as low as ring's and it takes 488."""
     return _line_choice(kind, groups, nbytes, dtype, machine)[0]
 
 
 def _line_choice(kind: str, groups: list, nbytes: int, dtype: str, machine) -> tuple:
     """(``line_algo``'s algorithm, (grid, kernel, programs) of the first group's kernel when
-    the choice built it, else None)."""
-    grid = make_grid(machine, resolve_group(machine, list(groups[0])))
-    chips = [{machine.chip_of(pe) for pe in g} for g in groups]
+    the choice built it inside chips, ``collective_units.build``'s tuple of every line when
+    it built them across chips); None for what it did not build."""
+    lines = [tuple(resolve_group(machine, list(g))) for g in groups]
+    grid = make_grid(machine, lines[0])
+    chips = [{machine.chip_of(pe) for pe in g} for g in lines]
     eb = DTYPES[dtype].bytes
     cands = estimates(kind, machine, grid, nbytes, eb)
     if all(len(c) == 1 for c in chips) and len(set().union(*chips)) == len(groups):
         if not cands:
-            return "ring", None
+            return "ring", None, None
         algo, _, kernel, programs = choose(kind, machine, grid, nbytes, eb, dtype, "sum", 0, None, "rank", cands)[:4]
-        return algo, (grid, kernel, programs)
+        return algo, (grid, kernel, programs), None
+    per = eb * (len(grid.pes) if kind in units.BLOCKED else 1)
+    if all(len(c) > 1 for c in chips) and nbytes % per == 0:
+        built = units.candidates(kind, machine, lines, [nbytes // per] * len(lines), eb, dtype, "sum", 0, None,
+                                 "rank", _build, estimates)
+        if built:
+            algo = min(built, key=lambda a: (built[a][0], ALGOS.index(a)))
+            return algo, None, built[algo][1]
     est = {a: ps for a, ps in cands.items() if a in LINE_ALGOS}
-    return (min(est, key=est.get) if est else "ring"), None
+    return (min(est, key=est.get) if est else "ring"), None, None
 
 
 #: Algorithms run on several groups at once.
