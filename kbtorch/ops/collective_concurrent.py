@@ -30,31 +30,29 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast", built: tupl
     ``auto``), ``op``, ``dtype``, ``packet_bytes``. ``mode="auto"``: coarse when all of them
     together are past one collective's thresholds (``collective._mode``), else fast. The groups must not share a PE (each
     PE's semaphores and buffers belong to one collective); they may share links, HBM
-    controllers and routers, and then share their bandwidth. ``built``: ``(key, grid,
-    kernel, programs)`` of a kernel already built for one of the groups (``line_algo``'s
-    choice), taken as it is (``key`` as below)."""
+    controllers and routers, and then share their bandwidth. ``built``: ``(grid, kernel,
+    programs)`` of the first spec's kernel already built (``line_algo``'s choice), taken as
+    it is."""
     machine = as_machine(machine)
     programs: dict = {}
     groups = []
     first: dict = {}            # what a collective builds from -> (grid, kernel, programs) of the first
     if built is not None:
-        first[built[0]] = built[1:]
+        first[_key(specs[0])] = built
     for i, spec in enumerate(specs):
         pes = resolve_group(machine, spec["group"])
         taken = set(pes) & set(programs)
         if taken:
             raise CollectiveError(f"collective {i} ({spec['kind']}): PE {min(taken)} is already in another collective")
         grid = make_grid(machine, pes)
-        key = (spec["kind"], spec.get("algo", "ring"), spec["nbytes"], spec.get("dtype", "f16"), spec.get("op", "sum"),
-               spec.get("packet_bytes"))
+        key = _key(spec)
         progs = None
-        if key in first and first[key][0].pes == grid.pes:
-            progs = first[key][2]
-        elif key in first:
+        if key in first:
             # NOTE: as ``collective_units.build``: a group like an earlier one on PEs of the same
             # hardware takes its programs renamed (``collective_rename``), not built again.
             grid0, kernel0, progs0 = first[key]
-            progs = rename.programs(machine, progs0, grid0, grid, multicast=not kernel0.multicasts_alike(grid.pes))
+            progs = progs0 if grid0.pes == grid.pes else \
+                rename.programs(machine, progs0, grid0, grid, multicast=not kernel0.multicasts_alike(grid.pes))
         if progs is None:
             kernel = _kernel(machine, i, spec, grid)
             progs = kernel.programs()
@@ -62,11 +60,21 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast", built: tupl
         programs.update(progs)
         groups.append(pes)
     if mode == "auto":
-        # NOTE: as one collective's ``mode="auto"`` (``collective._mode``), over all the groups'
-        # bytes, commands and link crossings together.
-        nbytes = sum(s["nbytes"] * len(g) for s, g in zip(specs, groups))
-        mode = _mode("auto", machine, nbytes, [0], programs, model.resource_ps(machine, programs))
+        mode = _auto_mode(machine, sum(s["nbytes"] * len(g) for s, g in zip(specs, groups)), programs)
     return run_programs(programs, machine, mode=mode), groups
+
+
+def _key(spec: dict) -> tuple:
+    """What a collective's kernel is built from, besides its group."""
+    return (spec["kind"], spec.get("algo", "ring"), spec["nbytes"], spec.get("dtype", "f16"), spec.get("op", "sum"),
+            spec.get("packet_bytes"))
+
+
+def _auto_mode(machine, nbytes: int, programs: dict, busy: dict | None = None) -> str:
+    """One collective's ``mode="auto"`` (``collective._mode``) over all the groups' bytes,
+    commands and link crossings together (``busy``: their resource load, if known)."""
+    busy = model.resource_ps(machine, programs) if busy is None else busy
+    return _mode("auto", machine, nbytes, [0], programs, busy)
 
 
 def _kernel(machine, i: int, spec: dict, grid) -> CollectiveKernel:
@@ -106,12 +114,11 @@ def on_groups_run(kind: str, groups: list, *, nbytes: int, dtype: str = "f16", m
     if lines is not None:
         # NOTE: the choice built every line (``collective_units.build``): run those programs.
         programs, busy = lines[2], lines[3]
-        mode = _mode("auto", machine, nbytes * sum(len(g) for g in groups), [0], programs, busy)
+        mode = _auto_mode(machine, nbytes * sum(len(g) for g in groups), programs, busy)
         result, members = run_programs(programs, machine, mode=mode), groups
     else:
         specs = [dict(kind=kind, group=list(g), nbytes=nbytes, dtype=dtype, algo=algo) for g in groups]
-        built = None if first is None else ((kind, algo, nbytes, dtype, "sum", None),) + first
-        result, members = concurrent_run(specs, machine=machine, mode="auto", built=built)
+        result, members = concurrent_run(specs, machine=machine, mode="auto", built=first)
     return max(max(result.pe_finish_ps.get(pe, 0) for pe in pes) for pes in members) / 1000, algo, result
 
 
