@@ -9,6 +9,7 @@ from kbtorch.ops.collective import collective, estimates
 from kbtorch.ops.collective_concurrent import LINE_ALGOS, concurrent, line_algo, on_groups, on_groups_run
 from kbtorch.ops.collective_group import make_grid
 from kbtorch.ops.collective_plan import CollectiveError
+from kbtorch.sim import symmetry
 from kbtorch.topology import load_machine
 
 DATA = Path(__file__).parent / "data"
@@ -93,8 +94,8 @@ def test_side_by_side_groups_like_the_first_take_its_programs_renamed(monkeypatc
     calls, ran = [], []
     real = cc._kernel
     monkeypatch.setattr(cc, "_kernel", lambda *a: calls.append(a) or real(*a))
-    monkeypatch.setattr(cc, "run_programs", lambda progs, machine, mode: ran.append(progs) or run_programs(
-        progs, machine, mode=mode))
+    monkeypatch.setattr(cc, "run_programs", lambda progs, machine, mode, **kw: ran.append(progs) or run_programs(
+        progs, machine, mode=mode, **kw))
     cc.concurrent_run(specs, machine=system)
     assert len(calls) == 1 and ran == [built]
 
@@ -113,7 +114,11 @@ def test_groups_inside_chips_run_the_kernel_their_choice_built(monkeypatch):
     calls, ran = [], []
     real = cc._kernel
     monkeypatch.setattr(cc, "_kernel", lambda *a: calls.append(a) or real(*a))
-    monkeypatch.setattr(cc, "run_programs", lambda progs, machine, mode: ran.append(progs) or run_programs(
-        progs, machine, mode=mode))
-    ns, got, _ = on_groups_run("reduce_scatter", groups, nbytes=2**16, dtype="f16", machine=system)
+    monkeypatch.setattr(cc, "run_programs", lambda progs, machine, mode, **kw: ran.append(progs) or run_programs(
+        progs, machine, mode=mode, **kw))
+    monkeypatch.setattr(symmetry, "reduce", lambda *a: pytest.fail("the copies were canonicalised"))
+    ns, got, res = on_groups_run("reduce_scatter", groups, nbytes=2**16, dtype="f16", machine=system)
     assert got == algo and not calls and ran == [alone]
+    # NOTE: the chips' programs are copies of the first's: one chip simulated (``symmetry.images``)
+    assert res.stats["represented_units"] == system.chips
+    assert res.pe_finish_ps == run_programs(alone, system, symmetric=False).pe_finish_ps

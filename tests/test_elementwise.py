@@ -1,7 +1,10 @@
-"""The vector pass's simulation mode: ``mode="auto"`` counts the traffic it simulates."""
+"""The vector pass: how PEs share its elements, and its simulation mode (``mode="auto"``
+counts the traffic it simulates)."""
+import pytest
+
 import kbtorch.ops.contract as contract
 from kbtorch.kernel import build
-from kbtorch.ops.elementwise import elementwise, elementwise_kernel, pass_mode
+from kbtorch.ops.elementwise import elementwise, elementwise_kernel, pass_mode, share
 from kbtorch.sim import symmetry
 from kbtorch.topology import load_machine
 
@@ -26,3 +29,9 @@ def test_auto_is_coarse_above_the_crossings_and_coarse_equals_fast_on_maia200(mo
     monkeypatch.setattr(contract, "COARSE_FLIT_HOPS", 0)
     again = elementwise("add", 2048 * 8192, dtype="bf16", machine=maia, mode="auto")
     assert again.result.events == coarse.result.events
+
+
+@pytest.mark.parametrize("n,parts", [(0, 3), (5, 8), (1000, 288), (2**20 + 7, 36)])
+def test_share_splits_every_element_once_in_near_equal_slices(n, parts):
+    sizes = [share(n, parts, r) for r in range(parts)]
+    assert sum(sizes) == n and max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)

@@ -138,6 +138,34 @@ def test_a_chip_that_differs_is_its_own_class():
     assert max(full.pe_finish_ps[p] for p in chips[3]) > max(full.pe_finish_ps[p] for p in chips[0])
 
 
+def test_copies_of_the_first_chips_programs_reduce_as_reduce_finds():
+    m = _system()
+    programs, chips = _per_chip_all_reduce(m)
+    first = {pe: programs[pe] for pe in chips[0]}
+    img = symmetry.images(m, first, chips)
+    assert img.members == symmetry.reduce(m, programs).members and img.programs == first
+    _same(run_programs(programs, m, symmetric=False), run_programs(programs, m, reduction=img))
+
+
+def test_copies_are_refused_unless_every_unit_is_like_the_first():
+    def slow_chip3(g):
+        for u, v, d in g.edges(data=True):
+            if u.startswith("tray1.chip1.") and d["kind"] == "noc":
+                d["flit_ps"] *= 2
+    m = _system()
+    programs, chips = _per_chip_all_reduce(m)
+    first = {pe: programs[pe] for pe in chips[0]}
+    assert symmetry.images(m, first, [chips[0], chips[1][::-1]]) is None       # other names
+    assert symmetry.images(m, first, [chips[0], chips[0]]) is None             # one unit twice
+    assert symmetry.images(m, first, [chips[0], chips[1][:-1]]) is None        # not the same PEs
+    slow = _system(slow_chip3)
+    assert symmetry.images(slow, first, chips) is None                         # other hardware
+    per = len(m.chip.pes)
+    lines = [[0, per], [1, per + 1]]                                            # across chips
+    across = collective("all_reduce", group=lines[0], machine=m, nbytes=4096, dtype="bf16", algo="ring")
+    assert symmetry.images(m, across.result.programs, lines) is None
+
+
 @pytest.mark.parametrize("group", ["across:chip", "all"])
 def test_a_collective_across_chips_is_not_reduced(group):
     m = _system()

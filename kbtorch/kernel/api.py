@@ -235,11 +235,12 @@ def launch(kernel, pes, machine, *args, mode: str = "fast", trace: bool = False,
 
 
 def run_programs(programs: dict, machine, *, mode="fast", trace: bool = False,
-                 symmetric: bool | None = None) -> RunResult:
+                 symmetric: bool | None = None, reduction=None) -> RunResult:
     """Simulate built programs ``{pe: [commands]}`` on a fresh simulator; -> RunResult.
 
     ``symmetric`` (default: on unless ``trace``) simulates one representative of each class
     of identical independent units (``sim.symmetry``): same latency and counters, fewer events.
+    ``reduction``: that reduction when the caller knows it (``symmetry.images``), not looked for.
     ``mode``: a simulation mode, or a function of the programs simulated (the reduced ones)
     that gives it. The result keeps the built programs (``result.programs``): graph mode
     runs them again, beside other kernels', in one simulation (``kbtorch.tensor.scheduler``)."""
@@ -247,7 +248,7 @@ def run_programs(programs: dict, machine, *, mode="fast", trace: bool = False,
         mode = mode(programs) if callable(mode) else mode
         result = Simulator(machine, mode=mode, trace=trace).run(programs)
     else:
-        red = symmetry.reduce(machine, programs)
+        red = reduction or symmetry.reduce(machine, programs)
         mode = mode(red.programs) if callable(mode) else mode
         result = red.expand(Simulator(machine, mode=mode, trace=trace, weight=red.weight).run(red.programs), machine)
     result.programs = programs

@@ -4,6 +4,7 @@ redistributions over every line of a mesh), sharing links, HBM controllers and r
 from __future__ import annotations
 
 from ..kernel import run_programs
+from ..sim import symmetry
 from . import collective_model as model
 from . import collective_rename as rename
 from . import collective_units as units
@@ -37,6 +38,7 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast", built: tupl
     programs: dict = {}
     groups = []
     first: dict = {}            # what a collective builds from -> (grid, kernel, programs) of the first
+    own = []                    # the specs whose kernels were built here (the others renamed)
     if built is not None:
         first[_key(specs[0])] = built
     for i, spec in enumerate(specs):
@@ -57,11 +59,16 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast", built: tupl
             kernel = _kernel(machine, i, spec, grid)
             progs = kernel.programs()
             first.setdefault(key, (grid, kernel, progs))
+            own.append(i)
         programs.update(progs)
         groups.append(pes)
     if mode == "auto":
         mode = _auto_mode(machine, sum(s["nbytes"] * len(g) for s, g in zip(specs, groups)), programs)
-    return run_programs(programs, machine, mode=mode), groups
+    # NOTE: copies of the first group's programs, each in a unit of its own (a chip), are one
+    # unit simulated (``symmetry.images``: ``reduce``'s answer without canonicalising them).
+    copies = own in ([], [0]) and all(_key(s) == _key(specs[0]) for s in specs)
+    red = symmetry.images(machine, {pe: programs[pe] for pe in groups[0]}, groups) if copies else None
+    return run_programs(programs, machine, mode=mode, reduction=red), groups
 
 
 def _key(spec: dict) -> tuple:

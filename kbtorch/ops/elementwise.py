@@ -22,20 +22,17 @@ TILE_BYTES = 256 * 1024         # NOTE: the kernel's tile size (a tiling choice,
 BUFFERS = 2
 
 
-def _slices(n: int, parts: int) -> list[tuple[int, int]]:
+def share(n: int, parts: int, rank: int) -> int:
+    """Elements of ``rank``'s contiguous slice when ``n`` are split into ``parts``: equal,
+    the first ``n % parts`` one element longer."""
     base, extra = divmod(n, parts)
-    out, start = [], 0
-    for i in range(parts):
-        size = base + (1 if i < extra else 0)
-        out.append((start, size))
-        start += size
-    return out
+    return base + (rank < extra)
 
 
 def elementwise_kernel(ctx, op: str, n: int, inputs: int, elem_bytes: int, dtype: str, flops: int,
                        out_ratio: float) -> None:
     """Queue PE ``ctx.pe``'s share of a vector op over ``n`` elements."""
-    _, size = _slices(n, len(ctx.group))[ctx.rank]
+    size = share(n, len(ctx.group), ctx.rank)
     if size == 0:
         return
     tile = max(1, min(size, TILE_BYTES // elem_bytes))

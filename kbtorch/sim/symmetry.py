@@ -302,3 +302,59 @@ def reduce(machine, programs: dict) -> Reduction:
     shift = {m: base[m] - base[rep] for rep, group in members.items() for m in group}
     reps = {pe: programs[pe] for unit in members for pe in units[unit][0]}
     return Reduction(reps, members, shift)
+
+
+
+def images(machine, programs: dict, groups: list) -> Reduction | None:
+    """``reduce``'s answer, without reading the copies, for a run of ``groups`` (lists of PEs,
+    the first ``programs``' own) in which every other group runs ``programs`` renamed onto its
+    PEs, position by position, as the caller built them (``ops.collective_rename``); None if
+    the first group is not alone in a unit or the others' units differ from its.
+
+    Checked as ``reduce`` checks, and stricter: at the smallest level where the first group's
+    paths and peers stay inside one unit, every node on those paths is inside it too; every
+    group fills a unit of its own at the same names; the units' hardware and launch offsets
+    are equal. NOTE: only the copies' commands are taken on trust. Canonicalising all of them
+    is what ``reduce`` spends its time on: as long as simulating 8 chips' in-chip 32 MiB
+    reduce-scatter on the one chip it reduces to."""
+    if len(groups) < 2 or sorted(programs) != sorted(groups[0]):
+        return None
+    scanned: dict = {}
+
+    def scan(pe):
+        got = scanned.get(pe)
+        if got is None:
+            got = scanned[pe] = _paths(machine, pe, programs[pe])
+        return got
+    for level in range(min(len(_levels(machine.pes[pe].prefix)) for pe in programs)):
+        found = _units(machine, programs, level, scan)
+        if found is not None and len(found) == 1:
+            rep, (_, paths) = next(iter(found.items()))
+            if all(n.startswith(rep) for path in paths for n in path):
+                return _copies(machine, programs, rep, groups, level)
+    return None
+
+
+def _copies(machine, programs: dict, rep: str, groups: list, level: int) -> Reduction | None:
+    """The reduction to ``rep`` (the first group's unit at ``level``) if every group fills its
+    own unit as the first fills ``rep``, on equal hardware with equal launch offsets."""
+    names = [machine.pes[pe].prefix[len(rep):] for pe in groups[0]]
+    offsets = None
+    units, base = [], {}
+    for pes in groups:
+        unit = _levels(machine.pes[pes[0]].prefix)[level]
+        if unit in base or [machine.pes[pe].prefix for pe in pes] != [unit + n for n in names] \
+                or hardware(machine, unit) != hardware(machine, rep):
+            return None
+        starts = [machine.launch_ps(pe) for pe in pes]
+        base[unit] = min(starts)
+        rel = [t - base[unit] for t in starts]
+        if offsets is None:
+            offsets = rel
+        elif rel != offsets:
+            return None
+        units.append(unit)
+    # NOTE: ``reduce``'s representative is the member launched last (the first in order).
+    if max(units, key=base.__getitem__) != rep:
+        return None
+    return Reduction(programs, {rep: tuple(units)}, {u: base[u] - base[rep] for u in units})
