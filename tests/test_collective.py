@@ -2,6 +2,7 @@
 algorithm trade-offs, auto selection, determinism and the errors of bad input (side by side:
 ``test_collective_concurrent.py``)."""
 import json
+from dataclasses import replace
 import zlib
 
 import pytest
@@ -332,3 +333,17 @@ def test_hierarchical_all_reduce_beats_recursive_doubling_on_the_whole_machine(a
     check_run(hier, "all_reduce", 256)
     assert hier.mode == "fast" and hier.latency_ns < 0.5 * tree.latency_ns
     assert collective("all_reduce", group="all", nbytes=7 << 10, machine=ahbm).algo == "hier"
+
+
+def test_auto_does_not_build_an_algorithm_whose_schedule_an_earlier_one_has(monkeypatch):
+    """Inside one chip hier's schedule is 2d's: built once, 2d's bound stands for both, and
+    the choice goes on to the next algorithm."""
+    m = load_machine("maia200")
+    grid = make_grid(m, list(range(36)))
+    assert schedule("reduce_scatter", "hier", grid) == replace(schedule("reduce_scatter", "2d", grid), algo="hier")
+    built = []
+    real = collective_module._build
+    monkeypatch.setattr(collective_module, "_build", lambda kind, algo, *a: built.append(algo) or real(kind, algo, *a))
+    cands = {"2d": 0, "hier": 1, "ring": 2}                 # estimates (ps) far below every bound
+    got = collective_module.choose("reduce_scatter", m, grid, 36 * 8192, 2, "bf16", "sum", 0, None, "rank", cands)
+    assert built == ["2d", "ring"] and got[0] in built

@@ -14,7 +14,7 @@ to this group and payload (``collective_choice``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import torch
@@ -237,11 +237,17 @@ def choose(kind, machine, grid, nbytes, eb, dtype, op, root, packet_bytes, order
     bound exceeds the next one's estimate."""
     ranked = sorted(cands, key=lambda a: (cands[a], ALGOS.index(a) if a in ALGOS else len(ALGOS)))
     built = []
+    bound_of: dict = {}         # a schedule, its algorithm's name aside -> its built kernel's bound
     for i, name in enumerate(ranked):
-        sched, kernel, programs, busy, startup = _build(kind, name, machine, grid, nbytes, eb, dtype, op, root,
-                                                        packet_bytes, order)
-        built.append((max(startup, max(busy.values())), i, name, sched, kernel, programs, busy, startup))
-        if i + 1 == len(ranked) or built[-1][0] <= cands[ranked[i + 1]]:
+        # NOTE: an algorithm whose schedule is an earlier one's on this group (hier inside one
+        # chip is 2d) has its bound and comes later in the order: it cannot win, and is not built.
+        same = replace(schedule(kind, name, grid, root, order), algo="")
+        if same not in bound_of:
+            sched, kernel, programs, busy, startup = _build(kind, name, machine, grid, nbytes, eb, dtype, op, root,
+                                                            packet_bytes, order)
+            built.append((max(startup, max(busy.values())), i, name, sched, kernel, programs, busy, startup))
+            bound_of[same] = built[-1][0]
+        if i + 1 == len(ranked) or bound_of[same] <= cands[ranked[i + 1]]:
             break
     return min(built)[2:]
 
