@@ -260,12 +260,8 @@ def _routes(machine, unit: str, paths: set, rel) -> tuple:
     return tuple(sorted(out))
 
 
-def reduce(machine, programs: dict) -> Reduction:
-    """Programs of one representative unit per class (see the module docstring)."""
-    whole = Reduction(programs, {})
-    if len(programs) < 2:
-        return whole
-    depth = min(len(_levels(machine.pes[pe].prefix)) for pe in programs)
+def _scanner(machine, programs: dict):
+    """``scan(pe)``: PE ``pe``'s path keys and peers (``_paths``), memoised across levels."""
     scanned: dict = {}
 
     def scan(pe):
@@ -273,6 +269,16 @@ def reduce(machine, programs: dict) -> Reduction:
         if got is None:
             got = scanned[pe] = _paths(machine, pe, programs[pe])
         return got
+    return scan
+
+
+def reduce(machine, programs: dict) -> Reduction:
+    """Programs of one representative unit per class (see the module docstring)."""
+    whole = Reduction(programs, {})
+    if len(programs) < 2:
+        return whole
+    depth = min(len(_levels(machine.pes[pe].prefix)) for pe in programs)
+    scan = _scanner(machine, programs)
     units = None
     for level in range(depth):
         units = _units(machine, programs, level, scan)
@@ -319,13 +325,7 @@ def images(machine, programs: dict, groups: list) -> Reduction | None:
     reduce-scatter on the one chip it reduces to."""
     if len(groups) < 2 or sorted(programs) != sorted(groups[0]):
         return None
-    scanned: dict = {}
-
-    def scan(pe):
-        got = scanned.get(pe)
-        if got is None:
-            got = scanned[pe] = _paths(machine, pe, programs[pe])
-        return got
+    scan = _scanner(machine, programs)
     for level in range(min(len(_levels(machine.pes[pe].prefix)) for pe in programs)):
         found = _units(machine, programs, level, scan)
         if found is not None and len(found) == 1:
