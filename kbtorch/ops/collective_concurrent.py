@@ -36,7 +36,7 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast", built: tupl
     it is."""
     machine = as_machine(machine)
     programs: dict = {}
-    groups = []
+    groups, orders = [], []     # each group's PEs as given, and in its grid's order (renaming's)
     first: dict = {}            # what a collective builds from -> (grid, kernel, programs) of the first
     own = []                    # the specs whose kernels were built here (the others renamed)
     if built is not None:
@@ -62,12 +62,14 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast", built: tupl
             own.append(i)
         programs.update(progs)
         groups.append(pes)
+        orders.append(list(grid.pes))
     if mode == "auto":
         mode = _auto_mode(machine, sum(s["nbytes"] * len(g) for s, g in zip(specs, groups)), programs)
     # NOTE: copies of the first group's programs, each in a unit of its own (a chip), are one
-    # unit simulated (``symmetry.images``: ``reduce``'s answer without canonicalising them).
+    # unit simulated (``symmetry.images``: ``reduce``'s answer without canonicalising them);
+    # renaming maps the grids' PEs position by position, so the grids' orders are compared.
     copies = own in ([], [0]) and all(_key(s) == _key(specs[0]) for s in specs)
-    red = symmetry.images(machine, {pe: programs[pe] for pe in groups[0]}, groups) if copies else None
+    red = symmetry.images(machine, {pe: programs[pe] for pe in orders[0]}, orders) if copies else None
     return run_programs(programs, machine, mode=mode, reduction=red), groups
 
 
