@@ -140,9 +140,10 @@ def _pad(shards: list, nbytes: int, op: str) -> list:
     return out
 
 
-def _build(kind, algo, machine, grid, nbytes, eb, dtype, op, root, packet_bytes, order):
-    """(schedule, kernel, programs, busy ps per resource, startup ps) of one algorithm."""
-    sched = schedule(kind, algo, grid, root, order)
+def _build(kind, algo, machine, grid, nbytes, eb, dtype, op, root, packet_bytes, order, sched=None):
+    """(schedule, kernel, programs, busy ps per resource, startup ps) of one algorithm
+    (``sched``: its schedule on ``grid``, if already made)."""
+    sched = sched or schedule(kind, algo, grid, root, order)
     padded = padded_bytes(sched, nbytes, eb)
     if padded is None:
         raise CollectiveError(f"{algo} {kind}: {nbytes} bytes per member ({nbytes // eb} elements of {eb} bytes) "
@@ -241,10 +242,11 @@ def choose(kind, machine, grid, nbytes, eb, dtype, op, root, packet_bytes, order
     for i, name in enumerate(ranked):
         # NOTE: an algorithm whose schedule is an earlier one's on this group (hier inside one
         # chip is 2d) has its bound and comes later in the order: it cannot win, and is not built.
-        same = replace(schedule(kind, name, grid, root, order), algo="")
+        sched = schedule(kind, name, grid, root, order)
+        same = replace(sched, algo="")
         if same not in bound_of:
             sched, kernel, programs, busy, startup = _build(kind, name, machine, grid, nbytes, eb, dtype, op, root,
-                                                            packet_bytes, order)
+                                                            packet_bytes, order, sched)
             built.append((max(startup, max(busy.values())), i, name, sched, kernel, programs, busy, startup))
             bound_of[same] = built[-1][0]
         if i + 1 == len(ranked) or bound_of[same] <= cands[ranked[i + 1]]:

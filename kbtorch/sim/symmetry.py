@@ -310,7 +310,6 @@ def reduce(machine, programs: dict) -> Reduction:
     return Reduction(reps, members, shift)
 
 
-
 def images(machine, programs: dict, groups: list) -> Reduction | None:
     """``reduce``'s answer, without reading the copies, for a run of ``groups`` (lists of PEs,
     the first ``programs``' own) in which every other group runs ``programs`` renamed onto its
