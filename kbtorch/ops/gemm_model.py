@@ -54,9 +54,7 @@ def multicast_gangs(machine, shards: list, tiling: GemmTiling) -> dict:
         return {}
 
     def usable(gang, pe) -> tuple | None:
-        if gang is None:
-            return None
-        return next((part for part in multicast_parts(machine, gang) if pe in part), None)
+        return None if gang is None else _part_of(machine, gang).get(pe)
 
     out = {pe: (usable(a, pe), usable(b, pe)) for pe, (a, b) in gangs(shards, tiling).items()}
     return {pe: g for pe, g in out.items() if g != (None, None)}
@@ -80,6 +78,12 @@ def multicast_parts(machine, gang: tuple) -> tuple:
 
 
 @functools.lru_cache(maxsize=4096)
+def _part_of(machine, gang: tuple) -> dict:
+    """``{pe: its part of multicast_parts}`` for the members of ``gang`` in a part."""
+    return {pe: part for part in multicast_parts(machine, gang) for pe in part}
+
+
+@functools.lru_cache(maxsize=4096)
 def _gang_ok(machine, gang: tuple) -> bool:
     """Whether every member of ``gang`` can multicast from its HBM to all members' TCMs."""
     tcms = [machine.pes[p].node("tcm") for p in gang]
@@ -91,13 +95,16 @@ def _gang_ok(machine, gang: tuple) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def _sharing(machine, m: int, n: int, k: int, used: tuple, tiling: GemmTiling) -> tuple:
+def _sharing(machine, m: int, n: int, k: int, used: tuple, grid: tuple, tile_mn: tuple, partial: bool) -> tuple:
     """``({pe: (A gang size, B gang size)}, elements)``: the PEs that share operand tiles by
     multicast, and the operand elements the busiest NoC link carries over the whole GEMM
-    divided by its GB/s (each tree link once per gang; unshared reads on their own path)."""
-    shards = plan(m, n, k, list(used), tiling)
+    divided by its GB/s (each tree link once per gang; unshared reads on their own path).
+    NOTE: the K tile changes neither (``tile_mn``: the output tile), so the tilings that
+    differ only in it share one answer."""
+    tiling = GemmTiling(grid, (*tile_mn, 1), partial)
+    shards = _plan(m, n, k, used, grid, partial)
     shared = multicast_gangs(machine, shards, tiling)
-    tm, tn, _ = tiling.tile
+    tm, tn = tile_mn
     load: dict = {}
     done = set()
     for s in shards:
@@ -116,6 +123,12 @@ def _sharing(machine, m: int, n: int, k: int, used: tuple, tiling: GemmTiling) -
     g = machine.graph
     worst = max((x / g.edges[e]["bw_gbps"] for e, x in load.items()), default=0.0)
     return {pe: (len(a) if a else 1, len(b) if b else 1) for pe, (a, b) in shared.items()}, worst
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(m: int, n: int, k: int, used: tuple, grid: tuple, partial: bool) -> tuple:
+    """``gemm_plan.plan`` of a grid (the tile does not change which PE gets which block)."""
+    return tuple(plan(m, n, k, list(used), GemmTiling(grid, (1, 1, 1), partial)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -145,7 +158,8 @@ def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: Gem
     # the first composite's issue and the control overheads before it reaches its engine
     issue = machine.issue.kind_ps("composite", moves=3, stages=3) / 1000 + machine.control_ps(used[0]) / 1000
     worst = None
-    sizes, link = _sharing(machine, m, n, k, used, tiling) if machine.multicast_nodes else ({}, 0.0)
+    sizes, link = _sharing(machine, m, n, k, used, tiling.grid, tiling.tile[:2], tiling.partial) \
+        if machine.multicast_nodes else ({}, 0.0)
     classes = _shard_classes(machine, m, n, k, used, tiling.grid, tiling.partial, tuple(sorted(sizes.items())))
     for s, hbm, trip, mem in classes:
         est = _pe_estimate(machine, s, tiling, dtype, (eb, ob), hbm, trip, issue, sizes.get(s.pe), mem, link * eb)
@@ -161,7 +175,7 @@ def _shard_classes(machine, m: int, n: int, k: int, used: tuple, grid: tuple, pa
     (the HBM GB/s through its port, the memory's alone): the tile size does not change which
     PE gets which block; ``gangs``: ``((pe, (A, B gang sizes)), ...)`` of PEs sharing tiles, which
     makes a kind of its own)."""
-    shards = plan(m, n, k, list(used), GemmTiling(grid, (1, 1, 1), partial))
+    shards = _plan(m, n, k, used, grid, partial)
     active: dict = {}
     for s in shards:
         ctrl = machine.hbm_port(s.pe)[0]

@@ -119,12 +119,16 @@ def gangs(shards: list, tiling: GemmTiling) -> dict:
     gm, gn, gk = tiling.grid
     tm, tn, _ = tiling.tile
     by_rank = {s.rank: s for s in shards}
+    rows: dict = {}             # (a, c) -> the A gang of grid row a, K range c
+    cols: dict = {}             # (b, c) -> the B gang of grid column b, K range c
     out = {}
     for s in shards:
         a, b, c = s.rank // (gn * gk), (s.rank // gk) % gn, s.rank % gk
-        row = [by_rank[(a * gn + j) * gk + c] for j in range(gn)]
-        col = [by_rank[(i * gn + b) * gk + c] for i in range(gm)]
-        out[s.pe] = (_gang(row, lambda x: -(-x.shape[1] // tn)), _gang(col, lambda x: -(-x.shape[0] // tm)))
+        if (a, c) not in rows:
+            rows[a, c] = _gang([by_rank[(a * gn + j) * gk + c] for j in range(gn)], lambda x: -(-x.shape[1] // tn))
+        if (b, c) not in cols:
+            cols[b, c] = _gang([by_rank[(i * gn + b) * gk + c] for i in range(gm)], lambda x: -(-x.shape[0] // tm))
+        out[s.pe] = (rows[a, c], cols[b, c])
     return out
 
 
