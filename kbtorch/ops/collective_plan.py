@@ -151,6 +151,25 @@ def schedule(kind: str, algo: str, grid, root: int = 0, order: str = "rank") -> 
         raise CollectiveError(f"a collective needs at least two members, got a group of {n}")
     if not 0 <= root < n:
         raise CollectiveError(f"broadcast root {root} is not a member rank (0..{n - 1})")
+    key = (kind, algo, grid.pes, grid.names, grid.dims, grid.coords, tuple(grid.order), grid.inner, root, order)
+    got = SCHEDULES.get(key)
+    if got is None:
+        if len(SCHEDULES) >= SCHEDULES_MAX:
+            SCHEDULES.clear()
+        got = SCHEDULES[key] = _schedule(kind, algo, grid, root, order)
+    return got
+
+
+#: ``schedule``'s results by what they depend on. NOTE: a schedule does not depend on the
+#: bytes, and a model's collectives run on a few groups with many sizes: the automatic
+#: choice builds every algorithm's schedule for each new size (a ring over 288 members is
+#: 287 steps of 288 transfers).
+SCHEDULES: dict = {}
+SCHEDULES_MAX = 512
+
+
+def _schedule(kind: str, algo: str, grid, root: int, order: str) -> Schedule:
+    n = len(grid.order)
     blocks, steps = BUILDERS[algo](kind, grid, root)
     per = blocks // n
     everything = tuple(range(blocks))
