@@ -165,7 +165,7 @@ def schedule(kind: str, algo: str, grid, root: int = 0, order: str = "rank") -> 
 #: choice builds every algorithm's schedule for each new size (a ring over 288 members is
 #: 287 steps of 288 transfers).
 SCHEDULES: dict = {}
-SCHEDULES_MAX = 512
+SCHEDULES_MAX = 128
 
 
 def _schedule(kind: str, algo: str, grid, root: int, order: str) -> Schedule:
