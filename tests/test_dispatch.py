@@ -107,3 +107,21 @@ class _By:
 
     def __init__(self, n):
         self.n = n
+
+
+def test_handlers_run_with_the_garbage_collector_paused_and_it_is_restored(monkeypatch):
+    import gc
+
+    import kbtorch  # noqa: F401  (registers the device and its handlers)
+    seen = []
+    real = dispatch.HANDLERS.get(aten.neg.default) or dispatch.HANDLERS[aten.neg]
+
+    def spy(func, args, kwargs, machine):
+        seen.append(gc.isenabled())
+        return real(func, args, kwargs, machine)
+
+    monkeypatch.setitem(dispatch.HANDLERS, aten.neg.default, spy)
+    x = torch.randn(4, 8).to("ahbm")
+    assert gc.isenabled()
+    torch.testing.assert_close((-x).cpu(), -x.cpu())
+    assert seen == [False] and gc.isenabled()
