@@ -34,7 +34,6 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..ops.contract import bottleneck, memory_bytes
-from ..sim.engine import paused_gc
 from ..topology import current_machine
 from ..topology.kinds import kind_name
 from . import stream
@@ -273,12 +272,7 @@ class Graph:
         _record(self, machine, *got)
 
     def _simulate(self, machine) -> tuple:
-        """(plan, schedule): fused and simulated in one run (periodic graphs in part), with the
-        cyclic garbage collector paused (``paused_gc``, as ``dispatch`` runs a handler)."""
-        with paused_gc():
-            return self._plan_and_run(machine)
-
-    def _plan_and_run(self, machine) -> tuple:
+        """(plan, schedule): fused and simulated in one run (periodic graphs in part)."""
         plan = fusion.plan(self) if self.fuse else fusion.unfused(self)
         plan = overlap.rewrite(self, plan) if self.overlap else plan
         plan = shared.rewrite(self, plan)
