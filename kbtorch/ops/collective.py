@@ -140,10 +140,9 @@ def _pad(shards: list, nbytes: int, op: str) -> list:
     return out
 
 
-def _build(kind, algo, machine, grid, nbytes, eb, dtype, op, root, packet_bytes, order, sched=None):
-    """(schedule, kernel, programs, busy ps per resource, startup ps) of one algorithm
-    (``sched``: its schedule on ``grid``, if already made)."""
-    sched = sched or schedule(kind, algo, grid, root, order)
+def _build(kind, algo, machine, grid, nbytes, eb, dtype, op, root, packet_bytes, order):
+    """(schedule, kernel, programs, busy ps per resource, startup ps) of one algorithm."""
+    sched = schedule(kind, algo, grid, root, order)
     padded = padded_bytes(sched, nbytes, eb)
     if padded is None:
         raise CollectiveError(f"{algo} {kind}: {nbytes} bytes per member ({nbytes // eb} elements of {eb} bytes) "
@@ -246,7 +245,7 @@ def choose(kind, machine, grid, nbytes, eb, dtype, op, root, packet_bytes, order
         same = replace(sched, algo="")
         if same not in bound_of:
             sched, kernel, programs, busy, startup = _build(kind, name, machine, grid, nbytes, eb, dtype, op, root,
-                                                            packet_bytes, order, sched)
+                                                            packet_bytes, order)
             built.append((max(startup, max(busy.values())), i, name, sched, kernel, programs, busy, startup))
             bound_of[same] = built[-1][0]
         if i + 1 == len(ranked) or bound_of[same] <= cands[ranked[i + 1]]:

@@ -129,6 +129,14 @@ def tree(kind: str, grid, root: int) -> tuple[int, list]:
     return n, steps
 
 
+#: ``schedule``'s results by what they depend on. NOTE: a schedule does not depend on the
+#: bytes, and a model's collectives run on a few groups with many sizes: the automatic
+#: choice builds every algorithm's schedule for each new size (a ring over 288 members is
+#: 287 steps of 288 transfers).
+SCHEDULES: dict = {}
+SCHEDULES_MAX = 128
+
+
 BUILDERS = {"ring": ring, "bidir-ring": bidir_ring, "2d": multi_dim, "direct": direct, "tree": tree,
             "hier": hierarchical}
 
@@ -159,13 +167,6 @@ def schedule(kind: str, algo: str, grid, root: int = 0, order: str = "rank") -> 
         got = SCHEDULES[key] = _schedule(kind, algo, grid, root, order)
     return got
 
-
-#: ``schedule``'s results by what they depend on. NOTE: a schedule does not depend on the
-#: bytes, and a model's collectives run on a few groups with many sizes: the automatic
-#: choice builds every algorithm's schedule for each new size (a ring over 288 members is
-#: 287 steps of 288 transfers).
-SCHEDULES: dict = {}
-SCHEDULES_MAX = 128
 
 
 def _schedule(kind: str, algo: str, grid, root: int, order: str) -> Schedule:

@@ -185,7 +185,7 @@ def host_call(func, args, kwargs):
         if len(META_RESULTS) >= META_RESULTS_MAX:
             META_RESULTS.clear()
         META_RESULTS[key] = func(*a, **k)
-    return tree_map(_materialise, tree_map(_fresh, META_RESULTS[key]))
+    return tree_map(lambda x: _materialise(_fresh(x)), META_RESULTS[key])
 
 
 #: host_call's results on meta tensors: (op, its arguments with each tensor as its shape,
