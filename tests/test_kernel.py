@@ -60,3 +60,19 @@ def test_bad_groups_and_ops_are_named(ahbm):
         build(lambda ctx: None, [999], ahbm)
     with pytest.raises(ValueError, match="no cost for op 'tanh'"):
         build(lambda ctx: ctx.math("tanh", 10), [0], ahbm)
+
+
+def test_kernel_contexts_are_freed_without_the_cyclic_collector(ahbm):
+    import gc
+    import weakref
+    from kbtorch.kernel.api import contexts
+    ctxs = contexts(ahbm, [0, 1], "k")
+    ctxs[0].tcm("x", 1000)
+    assert ctxs[1].remote(0, "x").pe == 0
+    first = weakref.ref(ctxs[0])
+    gc.disable()
+    try:
+        del ctxs
+        assert first() is None
+    finally:
+        gc.enable()

@@ -108,3 +108,22 @@ def test_result_reports_each_pes_finish(ahbm):
     result = run(ahbm, {0: [Compute(8000)], 9: [Compute(8_000_000)]})
     assert result.pe_finish_ps == {0: ahbm.launch_ps(0) + 46_000, 9: ahbm.launch_ps(9) + 45_000 + 1_000_000}
     assert result.latency_ps == max(result.pe_finish_ps.values())
+
+
+def test_released_run_is_freed_without_the_cyclic_collector(ahbm):
+    import gc
+    import weakref
+    cmds = [Dma(Loc(ahbm.pes[0].hbm, 0), Loc(ahbm.pes[1].node("tcm"), 0), 4096, signals=(Signal("ld"),)),
+            Compute(8000, engine="gemm", waits=(Wait("ld"),))]
+    sim = Simulator(ahbm)
+    result = sim.run({0: cmds})
+    pe, links = weakref.ref(sim.pe(0)), sim.network.links()
+    assert links and pe() is not None
+    gc.disable()
+    try:
+        sim.release()
+        del sim
+        assert pe() is None
+    finally:
+        gc.enable()
+    assert result.latency_ps > 0 and result.stats["engines"]["gemm"]["commands"] == 1

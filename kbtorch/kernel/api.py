@@ -20,6 +20,8 @@ a fresh simulator; the result is the simulator's ``RunResult``.
 """
 from __future__ import annotations
 
+import weakref
+
 from ..sim.commands import Composite, Compute, Dma, Fetch, Loc, Multicast, Send, Signal, Store, Wait
 from ..sim.components.dma import data_path
 from ..sim.multicast import MulticastError, can_multicast, check, tree
@@ -211,7 +213,10 @@ def contexts(machine, pes, name: str) -> list[PEContext]:
     for pe in group:
         if not 0 <= pe < len(machine.pes):
             raise ValueError(f"PE {pe} is outside topology '{machine.name}' (PEs 0..{len(machine.pes) - 1})")
-    memories, built = Memories(machine), {}
+    # NOTE: each context finds its group's others through ``built``; held weakly, the
+    # contexts form no reference cycle and are freed with the last list of them, not by
+    # full runs of the cyclic collector (which scan every command graph mode keeps).
+    memories, built = Memories(machine), weakref.WeakValueDictionary()
     out = []
     for pe in group:
         out.append(PEContext(machine, name, pe, group, memories, built))
@@ -246,10 +251,13 @@ def run_programs(programs: dict, machine, *, mode="fast", trace: bool = False,
     runs them again, beside other kernels', in one simulation (``kbtorch.tensor.scheduler``)."""
     if not (not trace if symmetric is None else symmetric):
         mode = mode(programs) if callable(mode) else mode
-        result = Simulator(machine, mode=mode, trace=trace).run(programs)
+        sim = Simulator(machine, mode=mode, trace=trace)
+        result = sim.run(programs)
     else:
         red = reduction or symmetry.reduce(machine, programs)
         mode = mode(red.programs) if callable(mode) else mode
-        result = red.expand(Simulator(machine, mode=mode, trace=trace, weight=red.weight).run(red.programs), machine)
+        sim = Simulator(machine, mode=mode, trace=trace, weight=red.weight)
+        result = red.expand(sim.run(red.programs), machine)
+    sim.release()
     result.programs = programs
     return result

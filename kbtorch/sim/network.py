@@ -149,6 +149,13 @@ class Network(MulticastMechanics):
     def links(self) -> list[Link]:
         return list(self._links.values())
 
+    def release(self) -> None:
+        """Drop the run's links, paths and bound callbacks (``Simulator.release``)."""
+        self._links.clear()
+        self._paths.clear()
+        self._chunks.clear()
+        self._hop_fn = self._arrive_fn = self._start = None
+
     def flits(self, nbytes: int) -> int:
         return max(1, -(-nbytes // self.flit_bytes))
 

@@ -136,6 +136,20 @@ class Simulator:
             raise SimulationStuck(stuck, self.engine.now)
         return self._result(t0)
 
+    def release(self) -> None:
+        """Free the run's state once its result is taken: its components point back at the
+        simulator, so without this it waits for the cyclic garbage collector.
+
+        NOTE: graph mode's planning keeps millions of commands alive, and each full
+        collection scans them all; a dead simulator's links, calendars and PE models left to
+        the collector are what those collections are for. Released, they go at once."""
+        self.network.release()
+        for model in self._pes.values():
+            model.release()
+        self._pes.clear()
+        self._mems.clear()
+        self.dma = self.gangs = None
+
     def run_messages(self, messages: list) -> RunResult:
         """Inject ``[(src_node, dst_node, nbytes)]`` at t=0 as raw network messages; the
         result's ``finishes`` holds each message's last-flit arrival (ps)."""

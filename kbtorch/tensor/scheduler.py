@@ -257,6 +257,7 @@ def simulate(kernels: list, deps: list, machine, mode: str = "auto", late: list 
         times = [sim.pe(pe).sem_chain[f"{k}.done"][0] for pe in red.programs
                  if f"{k}.done" in sim.pe(pe).sem_chain]
         finish.append(max(times, default=0))
+    sim.release()
     first = min((machine.launch_ps(pe) for pe in programs), default=0)
     ready = [max((finish[d] for d in deps[k]), default=first) for k in range(len(kernels))]
     return Scheduled(result, tuple(ready), tuple(finish), commands)

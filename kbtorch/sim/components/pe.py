@@ -128,6 +128,14 @@ class PEModel:
         self.engines: dict[str, EngineQueue] = {}
         self.composites: dict = {}
 
+    def release(self) -> None:
+        """Drop the run's state (``Simulator.release``): its engine queues point back here."""
+        self.engines.clear()
+        self.sem_chain.clear()
+        self.waiters.clear()
+        self.composites.clear()
+        self.sim = None
+
     def queue(self, role: str) -> EngineQueue:
         q = self.engines.get(role)
         if q is None:
