@@ -321,3 +321,27 @@ def test_a_fused_chain_of_mixed_widths_moves_no_more_than_its_passes(small):
     assert [k.kernel for k in g.plan.kernels] == ["fused vector"]
     assert _moved(g.plan.kernels[0].programs) <= sum(_moved(k.programs) for k in g.kernels)
     torch.testing.assert_close(cache.cpu()[:, :, 7:8], new.cpu())
+
+
+def test_the_capture_holds_every_buffer_its_tables_name(small, monkeypatch):
+    """The capture's tables are keyed by ``id``: each key's object stays alive to the end of
+    the capture, so a dead buffer's id (and its writers, readers, gathers) cannot pass to
+    the next object at its address."""
+    pytest.importorskip("transformers")
+    from kbtorch.models.hf import build
+    model, _ = build("tiny-qwen2")
+    model.to("ahbm")
+    seen = []
+    finish = graph_mod.Graph._finish_capture
+
+    def check(g):
+        held = {id(x) for x in g._keep}
+        seen.append({name: set(table) - held for name, table in
+                     (("writer", g._writer), ("readers", g._readers), ("replicas", g.replicas),
+                      ("read by", g.readers))})
+        finish(g)
+    monkeypatch.setattr(graph_mod.Graph, "_finish_capture", check)
+    ids = torch.randint(2, 128, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), kbtorch.graph():
+        model(ids.to("ahbm"))
+    assert seen and all(not missing for missing in seen[0].values()), seen[0]

@@ -138,7 +138,7 @@ class Graph:
         self._writer: dict = {}       # id(root) -> kernels that last wrote it
         self._readers: dict = {}      # id(root) -> kernels that read it since
         self._slots: dict = {}        # id(tensor) -> Slot
-        self._keep: list = []         # tensors made inside (alive while capturing: ids stay theirs)
+        self._keep: list = []         # tensors made or read inside (alive while capturing: ids stay theirs)
         self._live: dict = {}         # slot index -> weakref of its tensor (outputs the program keeps)
         self.readers: dict = {}       # id(root) -> kernels reading it (-1: an op without a kernel)
         self._roots: dict = {}        # id(root) -> weakref of every buffer written
@@ -197,13 +197,23 @@ class Graph:
     def _slotted(self, x):
         return tree_map(lambda v: self._slots.get(id(v), v) if isinstance(v, torch.Tensor) else v, x)
 
+    def ident(self, x) -> int:
+        """``id(x)``, with ``x`` held until the capture ends.
+
+        NOTE: the capture's tables are keyed by ``id``; a buffer that died mid-capture (a
+        temporary an op read, a gathered copy) would hand its id, and with it its writers,
+        readers and gathers, to whatever object took its address next: dependencies and
+        fusion would then hang on the allocation pattern of the process."""
+        self._keep.append(x)
+        return id(x)
+
     def _link(self, node: Node, first: int, args, kwargs, out) -> None:
         """Dependencies of the node's kernels (``first`` on), and who now wrote what."""
-        reads = {id(root(a)) for a in tree_flatten((args, kwargs))[0] if is_ahbm(a)}
+        reads = {self.ident(root(a)) for a in tree_flatten((args, kwargs))[0] if is_ahbm(a)}
         made = [root(o) for o in tree_flatten(out)[0] if is_ahbm(o)]
-        writes = {id(r) for r in made}
+        writes = {self.ident(r) for r in made}
         if node.func.overloadpacket.__name__.endswith("_") and args and is_ahbm(args[0]):
-            writes.add(id(root(args[0])))
+            writes.add(self.ident(root(args[0])))
         # NOTE: a buffer read replicated after another op gathered it waits for that gather.
         gathered = {self.replicas[r] for r in reads if self.replicas.get(r, first) < first}
         before = frozenset().union(*(self._writer.get(r, ()) for r in reads), gathered)

@@ -139,7 +139,7 @@ def redistribute(x, placements):
         _record(spec.mesh, dim, kind, f"redistribute {old!r}->{new!r}", tuple(x.shape), numel, eb, name)
         moved = True
     if moved and everywhere and graph is not None and not tracing() and hasattr(graph, "replicas"):
-        graph.replicas[id(base)] = len(graph.kernels) - 1
+        graph.replicas[graph.ident(base)] = len(graph.kernels) - 1
     if everywhere:
         base._replicated = spec.mesh
     return wrap(x._value, spec)
