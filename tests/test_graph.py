@@ -345,3 +345,18 @@ def test_the_capture_holds_every_buffer_its_tables_name(small, monkeypatch):
     with torch.no_grad(), kbtorch.graph():
         model(ids.to("ahbm"))
     assert seen and all(not missing for missing in seen[0].values()), seen[0]
+
+
+def test_a_graph_is_planned_and_simulated_with_the_collector_paused(small, monkeypatch):
+    import gc
+    seen = []
+    plan = graph_mod.fusion.plan
+
+    def spy(g):
+        seen.append(gc.isenabled())
+        return plan(g)
+    monkeypatch.setattr(graph_mod.fusion, "plan", spy)
+    w, b = torch.randn(32, 32).to("ahbm"), torch.randn(32).to("ahbm")
+    with kbtorch.graph():
+        _fn(w, b)(torch.randn(8, 32).to("ahbm"))
+    assert seen == [False] and gc.isenabled()

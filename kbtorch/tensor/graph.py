@@ -34,6 +34,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..ops.contract import bottleneck, memory_bytes
+from ..sim.engine import paused_gc
 from ..topology import current_machine
 from ..topology.kinds import kind_name
 from . import stream
@@ -272,7 +273,8 @@ class Graph:
             got = self._retime(_LIKE.get(like))
             self.retimed = got is not None
         if got is None:
-            got = self._simulate(machine)
+            with paused_gc():
+                got = self._simulate(machine)
             _LIKE[like] = (tuple(k.timed.result for k in self.kernels), *got)
         _CACHE[key] = got
         for cache in (_CACHE, _LIKE):
