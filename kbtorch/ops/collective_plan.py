@@ -168,7 +168,6 @@ def schedule(kind: str, algo: str, grid, root: int = 0, order: str = "rank") -> 
     return got
 
 
-
 def _schedule(kind: str, algo: str, grid, root: int, order: str) -> Schedule:
     n = len(grid.order)
     blocks, steps = BUILDERS[algo](kind, grid, root)

@@ -140,9 +140,9 @@ class Simulator:
         """Free the run's state once its result is taken: its components point back at the
         simulator, so without this it waits for the cyclic garbage collector.
 
-        NOTE: graph mode's planning keeps millions of commands alive, and each full
-        collection scans them all; a dead simulator's links, calendars and PE models left to
-        the collector are what those collections are for. Released, they go at once."""
+        NOTE: graph mode keeps millions of commands alive, and each full collection scans
+        them all; dead simulators left to the collector are what triggered those
+        collections. Released, a run's links, calendars and PE models go at once."""
         self.network.release()
         for model in self._pes.values():
             model.release()
