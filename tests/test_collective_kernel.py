@@ -106,6 +106,20 @@ def one_pe_per_chip(machine) -> tuple:
     return tuple(next(p for p in range(len(machine.pes)) if machine.chip_of(p) == c) for c in range(machine.chips))
 
 
+def test_values_stay_in_hbm_when_the_receive_slots_leave_the_tcm_no_room():
+    """maia200_x64's ``hier`` all-reduce line (one PE per chip; ``across:chip:4`` at 1 MiB a
+    chip): 18 reduction channels x 9 TCM receive slots take what the TCM has, so 256 KiB of
+    values per member go to HBM scratch (they failed to allocate); 64 KiB still fit in TCM."""
+    from kbtorch.topology import load_machine
+    m = load_machine("maia200_x64")
+    pes = one_pe_per_chip(m)
+    big, small = (kernel(m, "all_reduce", "hier", pes, n) for n in (256 << 10, 64 << 10))
+    assert max(len(c) for c in big.chan_in) == 18 and not big.in_tcm and set(big.val0) == {0}
+    assert big.ctx[0].largest_free("tcm") < 256 << 10
+    assert small.in_tcm and "values" in small.ctx[0].buffers
+    assert big.programs()
+
+
 @pytest.mark.parametrize("sprayed", [False, True])
 def test_sprayed_reductions_land_in_hbm_and_keep_a_steps_partial_sums_in_tcm(sprayed_system, sprayed):
     """``direct`` reduce-scatter: each member adds three partial sums of its block in one step.

@@ -73,6 +73,10 @@ class PEContext:
         """A buffer in this PE's TCM (less the kernel scratch the topology reserves)."""
         return self._alloc("tcm", name, nbytes)
 
+    def largest_free(self, level: str) -> int:
+        """The largest buffer that ``level`` ("hbm", "sram", "tcm") of this PE still takes."""
+        return self.memories.allocator(self.memories.node(self.pe, level)).largest_free
+
     def buffer(self, name: str) -> Buf:
         """This PE's buffer ``name``; a KeyError names the buffers it has."""
         if name not in self.buffers:

@@ -168,8 +168,7 @@ class KernelLayout:
         # NOTE: a sprayed machine's reductions land in HBM receive slots (``sprayed_reductions``).
         self.regions = [self._regions(ctx, dict(sizes, **({"slots": n} if n and self.sprayed else {})))
                         for ctx, n in zip(self.ctx, slot_bytes)]
-        self.in_tcm = self.nbytes <= TCM_VALUES
-        self.slot0, self.val0 = [], []
+        self.slot0 = []
         for r, ctx in enumerate(self.ctx):
             ctx.tcm("staging", STAGING_PACKETS * self.packet_elems * eb)
             if self.chan_in[r] and self.sprayed:
@@ -178,7 +177,10 @@ class KernelLayout:
                 self.slot0.append(ctx.tcm("receive slots", slot_bytes[r]).addr)
             else:
                 self.slot0.append(0)
-            self.val0.append(ctx.tcm("values", self.nbytes).addr if self.in_tcm else 0)
+        # NOTE: the receive slots take the TCM the packet size leaves (``_packet_elems``): with
+        # many reduction senders the values do not fit beside them and stay in HBM scratch.
+        self.in_tcm = self.nbytes <= TCM_VALUES and all(ctx.largest_free("tcm") >= self.nbytes for ctx in self.ctx)
+        self.val0 = [ctx.tcm("values", self.nbytes).addr if self.in_tcm else 0 for ctx in self.ctx]
 
     # ---- addresses ----------------------------------------------------------------------
     def _regions(self, ctx, sizes: dict) -> dict:
