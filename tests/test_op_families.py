@@ -18,13 +18,6 @@ DATA = Path(__file__).resolve().parent / "data"
 MACHINES = ("tiny", "diewide")
 ops.load_families()
 
-#: (family, machine) where a sample's latency beats its bound: known modeling bugs, asserted
-#: to persist (a fix fails this test: then delete the entry). NOTE: the collectives' startup
-#: bound assumes a value leaves fastest from the sender's TCM; on diewide every PE shares one
-#: die-wide HBM, and a copy from it into the same HBM (broadcast, all-gather) never crosses
-#: the NoC that the bound charges.
-BOUND_BEATEN = {("broadcast", "diewide"), ("all_gather", "diewide")}
-
 
 @pytest.fixture(scope="module")
 def machines():
@@ -58,10 +51,7 @@ def test_family_conforms(fam, machine_name, machines):
         if run.analytic_ps is not None:
             error, tolerance = (run.analytic_ps - run.latency_ps) / run.latency_ps, fam.tolerance
             assert abs(error) <= tolerance, f"{where}: estimate {error:+.1%} of the simulation"
-    if (fam.name, machine_name) in BOUND_BEATEN:
-        assert beaten, f"{fam.name} on {machine_name} keeps its bound now: delete it from BOUND_BEATEN"
-    else:
-        assert not beaten, "\n".join(beaten)
+    assert not beaten, "\n".join(beaten)
     for sample in fam.bad:
         with pytest.raises(ValueError) as exc:
             fam(machine=machine, **sample.params)

@@ -10,10 +10,11 @@
   copy, and for a reduction on a sprayed machine, then into its TCM:
   ``collective_layout.sprayed_reductions``) and, for the rest of one packet, its slowest link's flit time; each transfer
   also waits for the command that carries it: a member's
-  control processor issues commands one at a time, at least one (``d_cmd`` of the smallest
-  descriptor) for every step in which it sends or reduces, plus one for its first
-  reduction send if it makes one before it has reduced anything (no earlier composite can
-  carry it); plus the launch (CP and scheduler overhead). No kernel can do it faster.
+  control processor issues commands one at a time (``d_cmd`` of the smallest descriptor
+  each): a composite for every step in which it reduces, and a DMA for every step in
+  which it sends what no composite of its own can carry (a reduction before it has
+  reduced anything, a copy of blocks it did not reduce itself: ``own_command``); plus the
+  launch (CP and scheduler overhead). No kernel can do it faster.
 - ``bound`` = max(alpha_min, the busiest resource): the speed of light of this kernel on
   this topology; ``pct_bound`` compares the simulation with it.
 - ``alpha_beta_ps``: the textbook estimate, step by step without overlap: each step costs
@@ -56,12 +57,13 @@ def _landing(d, reduce: bool, sprayed: bool) -> str:
     return d.node("tcm") if reduce and not sprayed else d.hbm
 
 
-def _xfer_alpha(machine, src_pe: int, dst_pe: int, reduce: bool, sprayed: bool) -> int:
-    """One flit of a transfer, from the sender's TCM to the receiver (see the docstring)."""
+def _xfer_alpha(machine, src_pe: int, dst_pe: int, reduce: bool, sprayed: bool, src: str | None = None) -> int:
+    """One flit of a transfer, from the sender's TCM (or memory node ``src``) to the receiver
+    (see the docstring)."""
     s, d = machine.pes[src_pe], machine.pes[dst_pe]
     tcm = d.node("tcm")
     end = _landing(d, reduce, sprayed)
-    t = _head_ps(machine, data_path(machine, s.node("tcm"), end))
+    t = _head_ps(machine, data_path(machine, src or s.node("tcm"), end))
     if reduce:
         if end != tcm:
             t += _head_ps(machine, data_path(machine, end, tcm))
@@ -70,10 +72,11 @@ def _xfer_alpha(machine, src_pe: int, dst_pe: int, reduce: bool, sprayed: bool) 
     return t
 
 
-def _xfer_beta(machine, src_pe: int, dst_pe: int, reduce: bool, sprayed: bool) -> int:
-    """The flit time (ps) of the slowest link on a transfer's data path."""
+def _xfer_beta(machine, src_pe: int, dst_pe: int, reduce: bool, sprayed: bool, src: str | None = None) -> int:
+    """The flit time (ps) of the slowest link on a transfer's data path (from the sender's
+    TCM, or memory node ``src``)."""
     s, d = machine.pes[src_pe], machine.pes[dst_pe]
-    src, dst = s.node("tcm"), _landing(d, reduce, sprayed)
+    src, dst = src or s.node("tcm"), _landing(d, reduce, sprayed)
     if machine.multipath:
         # NOTE: a sprayed packet streams over all its paths at once: their summed bandwidth.
         paths = data_paths(machine, src, dst)
@@ -106,6 +109,27 @@ def program_start_ps(machine, pe: int) -> int:
     return machine.control_ps(pe) + machine.issue.kind_ps("dma")
 
 
+def _fastest_ps(machine, src_pe: int, dst_pe: int, reduce: bool, sprayed: bool, tail: int) -> int:
+    """A transfer's first flit plus ``tail`` more through its slowest link, from whichever of
+    the sender's TCM and HBM is faster. NOTE: on a die-wide HBM a copy from the sender's HBM
+    does not cross its tile's NoC link (maia200: 8 tiles' 64 KiB ring broadcast in 1.30 us
+    against a 1.99 us bound from TCM)."""
+    s = machine.pes[src_pe]
+    return min(_xfer_alpha(machine, src_pe, dst_pe, reduce, sprayed, src)
+               + tail * _xfer_beta(machine, src_pe, dst_pe, reduce, sprayed, src) for src in (s.node("tcm"), s.hbm))
+
+
+def own_command(x, reduced: set, mine: list) -> bool:
+    """Whether transfer ``x`` needs a DMA command of its sender's own: a reduction sent before
+    the sender has reduced anything, or a copy of blocks whose values the sender did not all
+    make with a composite of its own (``mine``: its input, or values that came to it as
+    copies). The others ride in the composite that made their values (fused forward and
+    fused copy)."""
+    if x.reduce:
+        return x.src not in reduced
+    return not set(x.blocks) <= mine[x.src]
+
+
 def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
     """alpha_min (see the module docstring): the longest chain of transfers any output
     block depends on, each its first flit's latency plus, when ``packet_bytes`` is given,
@@ -113,8 +137,9 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
     packet once all of it has landed); a transfer also waits for the command that carries
     it to be issued (a member's first sends, before it has reduced anything, are its own
     DMA commands; a reduction is its receiver's command of that step), at one command issue
-    per active step, counted from the member's kernel launch (``Machine.launch_ps``); plus
-    the program's start on its control processor."""
+    per step for each of its reductions (a composite) and its sends that need their own
+    DMA (``own_command``), counted from the member's kernel launch (``Machine.launch_ps``);
+    plus the program's start on its control processor."""
     cache: dict = {}
     cmd = machine.issue.kind_ps("dma")
     start_of = [machine.launch_ps(pe) for pe in pes]
@@ -124,26 +149,31 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
     tail = max(0, -(-packet_bytes // machine.flit_bytes) - 1)
     ready = [{b: start_of[m] for b in sched.holds[m]} for m in range(sched.n)]
     busy, reduced = [0] * sched.n, set()
+    mine = [set() for _ in range(sched.n)]      # blocks whose value a member holds from its own composite
     sprayed = sprayed_reductions(machine, pes)
     for step in sched.steps:
-        for m in {x.src for x in step} | {x.dst for x in step if x.reduce}:
-            busy[m] += 1
-        for m in {x.src for x in step if x.reduce} - reduced:
-            busy[m] += 1
+        reducers = {x.dst for x in step if x.reduce}
+        own = {x.src for x in step if own_command(x, reduced, mine)}
+        before = list(busy)
+        for m in reducers | own:
+            busy[m] += 1 + (m in reducers and m in own)
         new = [dict(r) for r in ready]
         for x in step:
             key = (pes[x.src], pes[x.dst], x.reduce, sprayed)
             if key not in cache:
-                cache[key] = _xfer_alpha(machine, *key) + tail * _xfer_beta(machine, *key)
+                cache[key] = _fastest_ps(machine, *key, tail)
             start = max(ready[x.src][b] for b in x.blocks)
             if x.src not in reduced:
-                start = max(start, start_of[x.src] + busy[x.src] * cmd)
+                # NOTE: the send's own DMA is the first command of the member's step.
+                start = max(start, start_of[x.src] + (before[x.src] + 1) * cmd)
             arrive = start + cache[key]
             if x.reduce:
                 arrive = max(arrive, start_of[x.dst] + (busy[x.dst] - 1) * cmd + reduce_cmd)
             for b in x.blocks:
                 new[x.dst][b] = max(new[x.dst].get(b, 0), arrive) if x.reduce else arrive
-        reduced |= {x.dst for x in step if x.reduce}
+        reduced |= reducers
+        for x in step:
+            (mine[x.dst].update if x.reduce else mine[x.dst].difference_update)(x.blocks)
         ready = new
     chain = max(ready[m][b] for m in range(sched.n) for b in sched.keeps[m])
     return machine.control_ps(pes[0]) + max(chain, max(t + n * cmd for t, n in zip(start_of, busy)))
