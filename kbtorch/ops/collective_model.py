@@ -5,7 +5,7 @@
   x burst time / channels; each GEMM/MATH engine: its compute; each control processor:
   the issue cost of its commands).
 - ``startup_ps`` (alpha_min): the longest chain of one-flit transfers that an output
-  block depends on, each from the sender's TCM (the fastest place a value can be) to the
+  block depends on, each from the sender's TCM or HBM (whichever is faster) to the
   receiver (its TCM for a reduction, then fetch, one MATH element and store; its HBM for a
   copy, and for a reduction on a sprayed machine, then into its TCM:
   ``collective_layout.sprayed_reductions``) and, for the rest of one packet, its slowest link's flit time; each transfer
@@ -156,7 +156,7 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
         own = {x.src for x in step if own_command(x, reduced, mine)}
         before = list(busy)
         for m in reducers | own:
-            busy[m] += 1 + (m in reducers and m in own)
+            busy[m] += (m in reducers) + (m in own)
         new = [dict(r) for r in ready]
         for x in step:
             key = (pes[x.src], pes[x.dst], x.reduce, sprayed)
