@@ -79,6 +79,12 @@ def test_cycle_in_the_tiers():
     _fails({"switches": sw}, "switches.t1.down", r"cycle \(t1 -> t2 -> t1")
 
 
+def test_a_switch_tier_names_a_known_link_and_component():
+    """Both failed with a bare KeyError (link) or an internal block name (component)."""
+    _fails({"switches.t1.link": "uplink"}, "switches.t1.link", "unknown link kind 'uplink'")
+    _fails({"switches.t0.component": "swich"}, "switches.t0.component", "unknown component 'swich'.*did you mean 'switch'")
+
+
 def test_schema_errors_name_the_field():
     _fails({"ports.up.lanes": 0}, "ports.up.lanes", "expected a positive integer")
     _fails({"tray.links[0].a": "chip7.peer"}, "tray.links[0].a", "a tray has chips 0..1")

@@ -123,6 +123,7 @@ def compile_system(doc: dict, path: str, chip_doc: dict, chip_path: str) -> tupl
             nodes[node] = spec["component"]
             extra.append({"a": node, "b": g.attach, "link": kind})
     direct, tray_links = _tray(path, tray, groups, links)
+    _switch_refs(path, doc.get("switches", {}), links, {**chip_doc["components"], **doc["components"]})
     tiers = _tiers(path, doc.get("switches", {}), groups, sysd["trays"])
     used = {g for pair in direct.values() for g in pair} | {t.down for t in tiers}
     for name in groups:
@@ -240,6 +241,15 @@ def _tray(path: str, tray: dict, groups: dict, links: dict) -> tuple[dict, list]
         out += [{"a": f"chip[{i}].{u}", "b": f"chip[{j}].{v}", "link": kind} for u, v in zip(a.nodes, b.nodes)]
         direct[(i, j)], direct[(j, i)] = (ga, gb), (gb, ga)
     return direct, out
+
+
+def _switch_refs(path: str, switches: dict, links: dict, components: dict) -> None:
+    """Every switch tier names a known link kind and component."""
+    for name, spec in switches.items():
+        for field, known, what in (("link", links, "link kind"), ("component", components, "component")):
+            if spec[field] not in known:
+                raise TopologyError(path, f"switches.{name}.{field}", f"unknown {what} '{spec[field]}'"
+                                    f"{did_you_mean(spec[field], known)}")
 
 
 def _tiers(path: str, switches: dict, groups: dict, trays: int) -> list:
