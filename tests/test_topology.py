@@ -147,6 +147,11 @@ BAD = {
     "two halves": ([(CHIP_RULE, ""), (ORDER, 'route_order = ["x"]'), (RESET, "route_reset = []")],
                    "route", "cannot reach 'chip1."),
     "unknown component": ([('r = "router"', 'r = "switch"')], "blocks.cube.nodes.r", "switch"),
+    # loaded, then failed in the GEMM kernel with a bare KeyError
+    "PE without its GEMM link": ([('  { a = "tcm", b = "gemm", link = "tcm" },\n', "")], "blocks.pe.links",
+                                 "PE 0 has no link tcm -> gemm, gemm -> tcm"),
+    "PE without its DMA read link": ([('  { a = "dma_rd", b = "tcm", link = "tcm", dir = "a->b" },\n', "")],
+                                     "blocks.pe.links", "no link dma_rd -> tcm"),
     "malformed TOML": ([("[blocks.chip]", "[blocks.chip")], "file", "not valid TOML"),
 }
 

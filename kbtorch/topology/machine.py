@@ -28,6 +28,9 @@ from .validate import content_digest
 
 #: Engines every PE block must define (the tile-kernel API's model of a PE).
 PE_ROLES = ("cp", "sched", "dma_rd", "dma_wr", "gemm", "math", "tcm", "ipcq")
+#: The links inside a PE that its engines' data crosses (DMA into and out of the TCM, the
+#: GEMM and MATH engines' operands and results), checked at load time.
+PE_DATA_LINKS = (("dma_rd", "tcm"), ("tcm", "dma_wr"), ("tcm", "gemm"), ("gemm", "tcm"), ("tcm", "math"), ("math", "tcm"))
 #: The machine every entry point uses when none is named (``use``, $KBTORCH_TOPOLOGY, the
 #: command line's ``--topology``, a sweep's ``topology``).
 DEFAULT_MACHINE = "ahbm"
@@ -130,6 +133,10 @@ class Machine(MachineFacts):
             missing = [r for r in PE_ROLES if r not in pe.roles]
             if missing:
                 raise TopologyError(self.path, f"blocks.{raw.machine['pe_block']}", f"PE {pe.id} lacks engines {missing}")
+            lost = [f"{a} -> {b}" for a, b in PE_DATA_LINKS if not g.has_edge(pe.node(a), pe.node(b))]
+            if lost:
+                raise TopologyError(self.path, f"blocks.{raw.machine['pe_block']}.links", f"PE {pe.id} has no link "
+                                    f"{', '.join(lost)}: its engines move data to and from its TCM over them")
         route_order = raw.machine["route_order"]
         reset = raw.machine.get("route_reset", [])
         dims = {d["dim"] for _, _, d in g.edges(data=True) if d["dim"] is not None}
