@@ -48,3 +48,16 @@ def test_a_shared_memory_holds_the_parts_of_all_its_pes():
     book, owner = HbmBook(die), Owner()
     book.reserve(owner, Spec(Mesh(tuple(range(8)), (8,)), (Shard(0),)), (8, 1024), 8 * 1024 * 4)
     assert book.free(3) == die.node_capacity("hbm") - 8 * 4096
+
+
+def test_a_machine_whose_pes_have_no_hbm_is_refused_by_name(tiny_path, write_topology):
+    """It failed with a bare KeyError (None) at the first tensor moved to the device."""
+    from kbtorch.topology import TopologyError
+    line = '  { array = "pe", attr = "hbm", nodes = ["hs0", "hs1"] },\n'
+    text = tiny_path.read_text()
+    assert line in text
+    path = write_topology(text.replace(line, ""))
+    with kbtorch.use(str(path)):
+        with pytest.raises(TopologyError, match=r"bind: PE 0 has no HBM .*8 of 8 PEs") as err:
+            torch.ones(4).to("ahbm")
+    assert err.value.path == str(path)

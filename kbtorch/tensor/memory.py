@@ -18,7 +18,7 @@ import weakref
 from math import prod
 
 from ..runtime.memory import AllocationError, Memories
-from ..topology import current_machine
+from ..topology import TopologyError, current_machine
 from .placement import Shard, default_spec
 
 
@@ -40,6 +40,11 @@ class HbmBook:
         memories = Memories(machine)
         self.nodes: dict = {}
         self.members: dict = {}            # id(allocator) -> the nodes it serves
+        bare = [pe.id for pe in machine.pes if pe.hbm is None]
+        if bare:
+            raise TopologyError(machine.path, "bind", f"PE {bare[0]} has no HBM (no bind entry with attr = \"hbm\" "
+                                f"for it; {len(bare)} of {len(machine.pes)} PEs have none): the ahbm device keeps "
+                                "tensors in its PEs' HBM")
         for node in dict.fromkeys(pe.hbm for pe in machine.pes):
             a = memories.allocator(node)
             twin = next((b for b in self.nodes.values() if (b.capacity, b.align) == (a.capacity, a.align)), None)
