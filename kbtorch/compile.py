@@ -11,8 +11,9 @@ again).
 
 Graph breaks: code dynamo cannot trace runs eagerly between the compiled graphs (its ops
 go on the stream one by one); ``breaks()`` lists each break dynamo reported, with its
-reason and source line. A call with new shapes makes dynamo recompile: the backend says so
-(``compiled()`` lists every graph it compiled, with its input shapes). Shapes are static:
+reason and source line. A call with new shapes makes dynamo recompile: the backend says so,
+naming the graph first compiled from the same code (``compiled()`` lists every graph it
+compiled, with its input shapes). Shapes are static:
 the backend's first call turns dynamo's automatic dynamic shapes off.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .tensor.graph import Graph
 
 log = logging.getLogger("kbtorch.compile")
 _COMPILED: list = []
+_FIRST: dict = {}           # dynamo's graph (its ops in order) -> the first graph compiled from it
 
 
 def _meta(x):
@@ -53,10 +55,12 @@ def backend(gm, example_inputs):
     shapes = [tuple(int(s) for s in x.shape) if isinstance(x, torch.Tensor) else x for x in example_inputs]
     number = len(_COMPILED)
     ops = sum(1 for n in aten_gm.graph.nodes if n.op == "call_function")
-    _COMPILED.append({"graph": number, "inputs": shapes, "aten_ops": ops})
-    again = [c for c in _COMPILED[:-1] if len(c["inputs"]) == len(shapes)]
+    # NOTE: dynamo's own graph is the traced code, the same for every shape it is called with.
+    first = _FIRST.setdefault(tuple((n.op, str(n.target)) for n in gm.graph.nodes), number)
+    again = first if first != number else None
+    _COMPILED.append({"graph": number, "inputs": shapes, "aten_ops": ops, "recompiles": again})
     log.warning("kbtorch.compile: graph %d: %d aten ops for inputs %s%s", number, ops, shapes,
-                " (recompiled: new shapes)" if again else "")
+                f" (recompiled: graph {again}'s code with new shapes)" if again is not None else "")
 
     def run(*args):
         with Graph(name=f"compiled graph {number}") as g:
@@ -92,7 +96,8 @@ def breaks() -> list[str]:
 
 
 def compiled() -> list[dict]:
-    """Every graph the backend compiled: number, input shapes, aten ops."""
+    """Every graph the backend compiled: number, input shapes, aten ops, and ``recompiles``:
+    the number of the graph compiled earlier from the same code (other shapes), or None."""
     return list(_COMPILED)
 
 

@@ -106,9 +106,13 @@ def test_compile_backend_matches_cpu_and_reports_graph_breaks(small):
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
     assert [r.name for r in prof.records] == ["compiled graph %d" % n["graph"] for n in kc.compiled()[-2:]]
     assert any("test_graph.py" in b and "print" in b for b in kc.breaks())
+    before = kc.compiled()
     with torch.no_grad():
         c(torch.randn(6, 32).to("ahbm"))          # a new shape: compiled again
-    assert [c_["inputs"][-1] for c_ in kc.compiled()[-2:]] != [(4, 32)] * 2
+    new = kc.compiled()[len(before):]
+    assert new and all(c_["inputs"][-1] == (6, 32) for c_ in new)
+    assert [c_["recompiles"] for c_ in new] == [c_["graph"] for c_ in before[-len(new):]]
+    assert all(c_["recompiles"] is None for c_ in before[-2:])
 
 
 def test_two_graphs_cannot_nest(small):
