@@ -61,6 +61,21 @@ def test_softmax_norms_reductions(gen, op, inference):
         close(op(x.to("ahbm")), op(x))
 
 
+def test_safe_softmax_and_a_masked_transformer_layer_match_cpu(gen):
+    """``aten._safe_softmax`` (softmax with fully masked rows as zeros; torch's attention
+    takes it under a boolean mask) runs as softmax does: nn.TransformerEncoderLayer was refused."""
+    x = torch.randn(3, 8, generator=gen)
+    x[1] = float("-inf")
+    close(torch.ops.aten._safe_softmax(x.to("ahbm"), -1), torch.ops.aten._safe_softmax(x, -1))
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, dropout=0.0).eval()
+    src, mask = torch.randn(2, 5, 16, generator=gen), torch.zeros(5, 5, dtype=torch.bool)
+    mask[:, 3:] = True
+    with torch.no_grad():
+        want = layer(src, src_mask=mask)
+        close(layer.to("ahbm")(src.to("ahbm"), src_mask=mask.to("ahbm")), want)
+
+
 def test_in_place_add_updates_the_tensor(gen):
     x = torch.randn(4, 4, generator=gen)
     y = x.to("ahbm")

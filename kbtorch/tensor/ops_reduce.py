@@ -3,8 +3,9 @@ pass each (``kbtorch.ops.elementwise``) over the input's elements.
 
 Each aten op maps to a cost CLASS (``CLASSES``) whose MATH work per input element is the
 machine's (``flops_per_element`` in the topology file: ``reduce`` for sum/mean/max/argmax/
-cumsum/..., ``var``, ``logsumexp``, ``sort`` for topk/sort, ``softmax``, ``log_softmax``,
-``rms_norm``, ``layer_norm``); the output size sets the bytes written (``out_ratio``).
+cumsum/..., ``var``, ``logsumexp``, ``sort`` for topk/sort, ``softmax`` (also torch's
+``_safe_softmax``: fully masked rows give zeros), ``log_softmax``, ``rms_norm``,
+``layer_norm``); the output size sets the bytes written (``out_ratio``).
 Numerics: the torch op on the host values, every keyword argument as torch has it
 (``out=`` refused). Placement: an input sharded on a reduced dimension is all-gathered
 first, but a sum or mean of it is Partial (``sharding.reduces_shard``), and a norm of it
@@ -39,7 +40,7 @@ CLASSES = {
     **_classes("var", "var std var_mean std_mean linalg_vector_norm norm"),
     **_classes("logsumexp", "logsumexp logcumsumexp"),
     **_classes("sort", "topk sort kthvalue median"),
-    **_classes("softmax", "softmax _softmax"),
+    **_classes("softmax", "softmax _softmax _safe_softmax"),
     **_classes("log_softmax", "log_softmax _log_softmax"),
     **_classes("rms_norm", "rms_norm"),
     **_classes("layer_norm", "layer_norm native_layer_norm"),
