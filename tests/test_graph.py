@@ -33,6 +33,18 @@ def test_capture_gives_eager_values_and_one_launch(small):
     assert "aten::silu" in g.report() and "g" in rec.kernel
 
 
+def test_the_timing_caches_hold_the_machine_not_its_id(small):
+    """A machine that died could leave its id to another one, which would then be served the
+    first one's timing (a sweep's machines come and go): the keys hold the machine itself."""
+    xa = torch.randn(8, 32).to("ahbm")
+    with kbtorch.graph():
+        torch.nn.functional.silu(xa) * 2
+    machine = kbtorch.current_machine()
+    for cache in (graph_mod._CACHE, graph_mod._LIKE):
+        assert any(isinstance(key[0], type(machine)) and key[0] == machine for key in cache)
+        assert not any(isinstance(key[0], int) for key in cache)
+
+
 def test_each_node_names_the_users_source_line(small):
     import inspect
     xa = torch.randn(8, 32).to("ahbm")

@@ -265,7 +265,9 @@ class Graph:
             return
         machine = self.machine or current_machine()
         # NOTE: the keys are known before fusion builds anything: a cached graph costs a lookup.
-        how = (id(machine), self.mode, self.periodic, self.order, self.overlap)
+        # They hold the machine itself, not its id: a machine that died (a sweep's point) could
+        # leave its id to another machine, which would then be served the first one's timing.
+        how = (machine, self.mode, self.periodic, self.order, self.overlap)
         key, like = how + (fusion.key(self),), how + (fusion.shape_key(self),)
         got = _CACHE.get(key)
         self.cached, self.retimed = got is not None, False
