@@ -167,8 +167,8 @@ _BOOKS: dict = {}
 
 def hbm_book(machine) -> HbmBook:
     """The HBM book of ``machine`` (one per machine and process)."""
-    # NOTE: keyed by the Machine object (hashed by identity): a machine loaded from another
-    # file, or another version of it, has a book of its own.
+    # NOTE: keyed by the Machine, equal by content (``Machine.digest``): two objects of the
+    # same content share one book; another version of a file has a book of its own.
     if machine not in _BOOKS:
         _BOOKS[machine] = HbmBook(machine)
     return _BOOKS[machine]
