@@ -61,3 +61,31 @@ def test_a_machine_whose_pes_have_no_hbm_is_refused_by_name(tiny_path, write_top
         with pytest.raises(TopologyError, match=r"bind: PE 0 has no HBM .*8 of 8 PEs") as err:
             torch.ones(4).to("ahbm")
     assert err.value.path == str(path)
+
+
+def test_a_release_the_collector_runs_inside_a_reserve_waits_for_it(ahbm, monkeypatch):
+    """The collector runs finalizers wherever an allocation triggers it: here an owner dies
+    while a reserve is splitting an allocator. Its blocks are freed once the book is whole
+    again, and every node ends with all its bytes free (a release midway freed the wrong
+    allocators: frees of blocks no longer there, seen in the full test suite)."""
+    from kbtorch.runtime.memory import Allocator
+    book = HbmBook(ahbm)
+    cap = ahbm.node_capacity(ahbm.pes[0].hbm)
+    everywhere = Spec(Mesh(tuple(range(256)), (256,)), (Replicate(),))
+    some = Spec(Mesh(tuple(range(8)), (8,)), (Shard(0),))
+    first, second = Owner(), Owner()
+    book.reserve(first, everywhere, (1024,), 4096)
+    clone = Allocator.clone
+
+    def dying(self):
+        nonlocal first
+        copy = clone(self)
+        first = None                        # its finalizer runs now: the clone is not yet in the book
+        return copy
+    monkeypatch.setattr(Allocator, "clone", dying)
+    book.reserve(second, some, (8, 1024), 8 * 8192)
+    monkeypatch.setattr(Allocator, "clone", clone)
+    assert [book.free(pe) for pe in (0, 8)] == [cap - 8192, cap]
+    del second
+    gc.collect()
+    assert {book.free(pe) for pe in range(256)} == {cap}
