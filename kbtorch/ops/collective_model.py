@@ -173,7 +173,10 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
                 new[x.dst][b] = max(new[x.dst].get(b, 0), arrive) if x.reduce else arrive
         reduced |= reducers
         for x in step:
-            (mine[x.dst].update if x.reduce else mine[x.dst].difference_update)(x.blocks)
+            if x.reduce:
+                mine[x.dst].update(x.blocks)
+            else:
+                mine[x.dst].difference_update(x.blocks)
         ready = new
     chain = max(ready[m][b] for m in range(sched.n) for b in sched.keeps[m])
     return machine.control_ps(pes[0]) + max(chain, max(t + n * cmd for t, n in zip(start_of, busy)))
