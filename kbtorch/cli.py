@@ -271,3 +271,7 @@ def _cmd_traffic(args, machine):
             f"{ordered[len(ordered) // 2]:.3f} / {ordered[-1]:.3f} ns; {result.events} events in {result.wall_s:.3f} s")
     return data, "\n\n".join((head, breakdown_table(result)))
 
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,10 +1,13 @@
 """The kbtorch command line, run in-process, and the unit parsers it relies on."""
 import json
+import subprocess
+import sys
 
 import pytest
 
 from kbtorch.cli import main
 from kbtorch.sim.traffic import pattern_pairs
+from kbtorch.topology import load_machine
 from kbtorch.units import fmt_bytes, parse_bytes, parse_pe, parse_pes
 
 
@@ -58,6 +61,18 @@ def test_topo_text_and_path(tiny_path, capsys):
     assert main(["topo", str(tiny_path)]) == 0
     out = capsys.readouterr().out
     assert "TFLOP/s" in out and "node kind" in out and "tiny" in out
+
+
+@pytest.mark.parametrize("module", ["kbtorch", "kbtorch.cli"])
+def test_runs_as_a_module(module, tiny_path, tmp_path):
+    """``python -m kbtorch`` (no console script on PATH) is the same command; so is ``-m kbtorch.cli``."""
+    out = subprocess.run([sys.executable, "-m", module, "topo", str(tiny_path), "--json"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["pes"] == len(load_machine(str(tiny_path)).pes)
+    bad = subprocess.run([sys.executable, "-m", module, "topo", "no_such_machine"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "no_such_machine" in bad.stderr
 
 
 def test_default_shows_machine_and_example(cli_json):
