@@ -11,9 +11,11 @@ chip" are each chip's own block (the paper's Fig. 8 axis), ``nbytes`` the gather
   bidir-ring (reported beside it) beat direct, the 1 KiB latency.
 - **all-reduce 1 GiB** on maia200_x8 (algorithm auto): % of the kernel's bound, wall.
 - **all-to-all 64 MiB** per chip on maia200_x8: % of its bound.
-- **64 chips**: load maia200_x64 + a 1 GiB all-reduce across its chips, wall (``--quick``:
-  16 MiB, 151.0 us simulated in about 110 s and 0.9 GB; the 1 GiB one is about 64x its
-  events: still running after 25 min at 17 GB when stopped).
+- **64 chips**: a 1 GiB all-reduce across 64 chips, load included, wall: on 64 coarse chips
+  (``maia200_pod`` at 16 trays, one PE per chip: "use coarse mode where needed"; about
+  130 s, 7.2 M events), and beside it on maia200_x64's full chips at 16 MiB (about 50 s,
+  1.28 M events: there, 1 GiB is about 82 M events, hours and more than 17 GB, so it is
+  not run). ``--quick``: both at 16 MiB.
 - **pod**: maia200_pod (6144 coarse chips) loaded, and one all-reduce across all chips (64 KiB per chip, recursive doubling).
 
 Nothing is asserted: the targets block prints PASS/FAIL with the measured figure.
@@ -85,12 +87,15 @@ def summary(points: list) -> dict:
             "lat_1kib_ns": min(by[(a, KiB)]["latency_ns"] for a in algos)}
 
 
-def sixty_four(nbytes: int) -> dict:
+def sixty_four(nbytes: int, coarse: bool = False) -> dict:
+    """Load 64 chips (maia200_x64, or maia200_pod at 16 trays: coarse chips) and all-reduce
+    ``nbytes`` across them (full chips: ``GROUP``; coarse: each chip's one PE)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    m = load_machine("maia200_x64")
+    m = load_machine("maia200_pod", overrides={"system.trays": 16}) if coarse else load_machine("maia200_x64")
     load_s = time.perf_counter() - t0
-    r = timed("all_reduce", m, nbytes)
-    return dict(r, load_s=load_s, total_s=time.perf_counter() - t0, total_cpu_s=time.process_time() - c0)
+    r = timed("all_reduce", m, nbytes, group="across:chip" if coarse else GROUP)
+    return dict(r, load_s=load_s, total_s=time.perf_counter() - t0, total_cpu_s=time.process_time() - c0,
+                machine=m.name, chips=m.chips)
 
 
 def pod() -> dict:
@@ -105,7 +110,7 @@ def pod() -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
-                    help="all-gather up to 64 MiB per chip; maia200_x64's all-reduce of 16 MiB, not 1 GiB; no pod")
+                    help="all-gather up to 64 MiB per chip; the 64 coarse chips' all-reduce of 16 MiB, not 1 GiB; no pod")
     ap.add_argument("--json", help="write every number to this file")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -117,7 +122,9 @@ def main(argv=None) -> int:
     x8 = load_machine("maia200_x8")
     for key, run in (("allreduce", lambda: timed("all_reduce", x8, GiB)),
                      ("alltoall", lambda: timed("all_to_all", x8, 64 * MiB * x8.chips)),
-                     ("x64", lambda: sixty_four(16 * MiB if args.quick else GiB)), ("pod", None if args.quick else pod)):
+                     ("x64", lambda: sixty_four(16 * MiB)),
+                     ("x64_coarse", lambda: sixty_four(16 * MiB if args.quick else GiB, coarse=True)),
+                     ("pod", None if args.quick else pod)):
         res[key] = run() if run else None
         if res[key]:
             r = res[key]
@@ -125,9 +132,10 @@ def main(argv=None) -> int:
                   f"{r['total_wall_s']:.0f} s wall, {r['cpu_s']:.0f} s CPU", flush=True)
     rows = [(k, res[k]["algo"], res[k]["mode"], f"{res[k]['latency_ns'] / 1e3:.1f}", f"{res[k]['busbw_gbps']:.0f}",
              f"{res[k]['pct_bound']:.1f}", res[k]["bottleneck"], f"{res[k]['total_wall_s']:.0f}")
-            for k in ("allreduce", "alltoall", "x64", "pod") if res[k]]
+            for k in ("allreduce", "alltoall", "x64", "x64_coarse", "pod") if res[k]]
     print(tabulate(rows, headers=("run", "algo", "mode", "latency us", "busbw GB/s", "% bound", "bottleneck", "wall s")))
     be, bidir = ag["break_even_per_chip"], ag["break_even_bidir_per_chip"]
+    c, x = res["x64_coarse"], res["x64"]
     targets = [
         {"target": "topo maia200_x8: 288 PEs, 8 x 1180 bf16 TFLOP/s",
          "measured": f"{res['topo']['pes']} PEs, {res['topo']['bf16_tflops']:.0f} TFLOP/s",
@@ -146,9 +154,10 @@ def main(argv=None) -> int:
          "pass": res["allreduce"]["pct_bound"] >= 85 and res["allreduce"]["total_wall_s"] <= 120},
         {"target": "all-to-all 64 MiB per chip runs, % of bound reported",
          "measured": f"{res['alltoall']['pct_bound']:.1f}%", "pass": True},
-        {"target": "64 chips: load + 1 GiB all-reduce <= 120 s", "measured": f"{res['x64']['total_s']:.0f} s "
-         f"(load {res['x64']['load_s']:.0f} s; {res['x64']['total_cpu_s']:.0f} s CPU)" + (" for 16 MiB (--quick)" if args.quick else ""),
-         "pass": not args.quick and res["x64"]["total_s"] <= 120},
+        {"target": "64 chips: load + 1 GiB all-reduce <= 120 s", "measured": f"{c['total_s']:.0f} s on 64 coarse "
+         f"chips, {c['bytes'] // MiB} MiB (load {c['load_s']:.0f} s; {c['total_cpu_s']:.0f} s CPU; {c['events'] / 1e6:.1f} M "
+         f"events); full chips (maia200_x64) 16 MiB: {x['total_s']:.0f} s, {x['events'] / 1e6:.2f} M events",
+         "pass": c["bytes"] == GiB and c["total_s"] <= 120},
     ]
     if res["pod"]:
         p = res["pod"]
