@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: - kbtorch (the package root, exactly) is the public API: models use it, as users do.
 #: - sweep and models are front ends side by side; a sweep names a model's workload only in
 #:   its study file (``fn = "module:function"``), never in code.
-#: - cli is the top: ``kbtorch sweep`` drives sweeps, ``kbtorch bench`` every op family.
+#: - cli is the top: ``kbtorch sweep`` drives sweeps, ``kbtorch bench`` every op family;
+#:   ``python -m kbtorch`` (``kbtorch.__main__``) is the same command.
 #: - models counts both today's root ``models/`` and ``kbtorch/models/``, and use kbtorch as a
 #:   user does: through the public API (the package root) only (``PUBLIC_ONLY``).
 LAYERS = (
@@ -38,7 +39,7 @@ LAYERS = (
     (8, "api", ("kbtorch",)),
     (9, "sweep", ("kbtorch.sweep",)),
     (9, "models", ("kbtorch.models", "models")),
-    (10, "cli", ("kbtorch.cli", "kbtorch.cli_*")),
+    (10, "cli", ("kbtorch.cli", "kbtorch.cli_*", "kbtorch.__main__")),
 )
 
 #: Groups that import the rest of kbtorch through the public API (``kbtorch``) only.
