@@ -272,6 +272,5 @@ def _cmd_traffic(args, machine):
     return data, "\n\n".join((head, breakdown_table(result)))
 
 
-
 if __name__ == "__main__":
     sys.exit(main())
