@@ -13,7 +13,7 @@
   control processor issues commands one at a time (``d_cmd`` of the smallest descriptor
   each): a composite for every step in which it reduces, and a DMA for every step in
   which it sends what no composite of its own can carry (a reduction before it has
-  reduced anything, a copy of blocks it did not reduce itself: ``own_command``); plus the
+  reduced anything, a copy of blocks it did not reduce itself: ``_own_command``); plus the
   launch (CP and scheduler overhead). No kernel can do it faster.
 - ``bound`` = max(alpha_min, the busiest resource): the speed of light of this kernel on
   this topology; ``pct_bound`` compares the simulation with it.
@@ -119,7 +119,7 @@ def _fastest_ps(machine, src_pe: int, dst_pe: int, reduce: bool, sprayed: bool, 
                + tail * _xfer_beta(machine, src_pe, dst_pe, reduce, sprayed, src) for src in (s.node("tcm"), s.hbm))
 
 
-def own_command(x, reduced: set, mine: list) -> bool:
+def _own_command(x, reduced: set, mine: list) -> bool:
     """Whether transfer ``x`` needs a DMA command of its sender's own: a reduction sent before
     the sender has reduced anything, or a copy of blocks whose values the sender did not all
     make with a composite of its own (``mine``: its input, or values that came to it as
@@ -138,7 +138,7 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
     it to be issued (a member's first sends, before it has reduced anything, are its own
     DMA commands; a reduction is its receiver's command of that step), at one command issue
     per step for each of its reductions (a composite) and its sends that need their own
-    DMA (``own_command``), counted from the member's kernel launch (``Machine.launch_ps``);
+    DMA (``_own_command``), counted from the member's kernel launch (``Machine.launch_ps``);
     plus the program's start on its control processor."""
     cache: dict = {}
     cmd = machine.issue.kind_ps("dma")
@@ -153,7 +153,7 @@ def startup_ps(machine, sched, pes: tuple, packet_bytes: int = 0) -> int:
     sprayed = sprayed_reductions(machine, pes)
     for step in sched.steps:
         reducers = {x.dst for x in step if x.reduce}
-        own = {x.src for x in step if own_command(x, reduced, mine)}
+        own = {x.src for x in step if _own_command(x, reduced, mine)}
         before = list(busy)
         for m in reducers | own:
             busy[m] += (m in reducers) + (m in own)

@@ -186,11 +186,9 @@ def _group(path: str, name: str, spec: dict, top: dict, doc: dict) -> PortGroup:
     if spec["attach"] not in top.get("nodes", {}):
         raise TopologyError(path, f"{where}.attach", f"no node '{spec['attach']}' in the chip's top block (its nodes: "
                             f"{', '.join(sorted(top.get('nodes', {})))})")
-    if spec["component"] not in doc["components"]:
-        raise TopologyError(path, f"{where}.component", f"unknown component '{spec['component']}'"
-                            f"{did_you_mean(spec['component'], doc['components'])} (ports use the system's [components])")
-    if spec["link"] not in doc["links"]:
-        raise TopologyError(path, f"{where}.link", f"unknown link kind '{spec['link']}'{did_you_mean(spec['link'], doc['links'])}")
+    _known(path, f"{where}.component", spec["component"], doc["components"], "component",
+           " (ports use the system's [components])")
+    _known(path, f"{where}.link", spec["link"], doc["links"], "link kind")
     g = PortGroup(name, spec["attach"], spec["lanes"], spec.get("split", False))
     clash = [n for n in g.nodes if n in top.get("nodes", {}) or n in top.get("arrays", {})]
     if clash:
@@ -235,21 +233,24 @@ def _tray(path: str, tray: dict, groups: dict, links: dict) -> tuple[dict, list]
         if a.lanes != b.lanes or a.split != b.split:
             raise TopologyError(path, where, f"port groups '{ga}' ({a.lanes} lanes) and '{gb}' ({b.lanes} lanes) "
                                 "differ; a link pairs lane with lane")
-        if link["link"] not in links:
-            raise TopologyError(path, f"{where}.link", f"unknown link kind '{link['link']}'{did_you_mean(link['link'], links)}")
+        _known(path, f"{where}.link", link["link"], links, "link kind")
         kind = _lanes_link(links, link["link"], 1 if a.split else a.lanes)
         out += [{"a": f"chip[{i}].{u}", "b": f"chip[{j}].{v}", "link": kind} for u, v in zip(a.nodes, b.nodes)]
         direct[(i, j)], direct[(j, i)] = (ga, gb), (gb, ga)
     return direct, out
 
 
+def _known(path: str, where: str, name: str, known, what: str, hint: str = "") -> None:
+    """Refuse ``name`` at ``where`` unless it is one of ``known`` (a ``what``: link kind, component)."""
+    if name not in known:
+        raise TopologyError(path, where, f"unknown {what} '{name}'{did_you_mean(name, known)}{hint}")
+
+
 def _switch_refs(path: str, switches: dict, links: dict, components: dict) -> None:
     """Every switch tier names a known link kind and component."""
     for name, spec in switches.items():
-        for field, known, what in (("link", links, "link kind"), ("component", components, "component")):
-            if spec[field] not in known:
-                raise TopologyError(path, f"switches.{name}.{field}", f"unknown {what} '{spec[field]}'"
-                                    f"{did_you_mean(spec[field], known)}")
+        _known(path, f"switches.{name}.link", spec["link"], links, "link kind")
+        _known(path, f"switches.{name}.component", spec["component"], components, "component")
 
 
 def _tiers(path: str, switches: dict, groups: dict, trays: int) -> list:
