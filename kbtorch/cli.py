@@ -22,8 +22,10 @@ from .runtime import AllocationError, Runtime
 from .sim.commands import Dma
 from .sim.simulator import Simulator
 from .sim.traffic import PATTERNS, pattern_messages, pattern_pairs
-from .topology.machine import DEFAULT_MACHINE, load_machine
-from .cli_common import _byte_count, _nonneg_int, _pe_arg, _pes_arg, _positive_int, _run_info, _write_trace
+from .topology.machine import load_machine
+from .topology.select import current_machine
+from .cli_common import (_byte_count, _nonneg_int, _pe_arg, _pes_arg, _positive_int, _run_info, _write_trace,
+                         check_output, topology_inputs)
 from .cli_ops import add_family_parsers
 from .cli_sweep import add_parser as add_sweep_parser
 from .units import fmt_bytes, fmt_ns
@@ -97,8 +99,9 @@ def main(argv=None) -> int:
     try:
         limits.check_environment()
         args = build_parser().parse_args(argv)
-        machine = load_machine(getattr(args, "name", None) or getattr(args, "topology", DEFAULT_MACHINE)) \
-            if getattr(args, "needs_machine", True) else None
+        machine = _machine(args) if getattr(args, "needs_machine", True) else None
+        if getattr(args, "trace", None) is not None:
+            check_output(args.trace, "--trace", topology_inputs([machine.path]), "trace")
         data, text = args.func(args, machine)
     except (*REPORTED, MemoryError, KeyboardInterrupt) as exc:
         return report(exc, "--json" in argv)
@@ -107,6 +110,12 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return getattr(args, "status", 0)
+
+
+def _machine(args):
+    """The machine a command runs on: its NAME or ``--topology``, else $KBTORCH_TOPOLOGY, else ahbm."""
+    name = getattr(args, "name", None) or getattr(args, "topology", None)
+    return load_machine(name) if name else current_machine()
 
 
 def report(exc: BaseException, as_json: bool, prog: str = "kbtorch") -> int:

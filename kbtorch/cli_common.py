@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 from .profiler import breakdown_ns
 from .units import parse_bytes, parse_int, parse_pe, parse_pes
@@ -88,3 +89,56 @@ def _triple(text: str) -> tuple[int, int, int]:
     if min(values) < 1:
         raise argparse.ArgumentTypeError(f"'{text}' must be three positive integers")
     return values
+
+
+#: The first bytes of each kind of file a command writes or reads -> what to call it.
+_MAGIC = ((b"SQLite format 3\x00", "sqlite", "an SQLite database"), (b"PAR1", "parquet", "a Parquet file"),
+          (b"\x89PNG", "png", "a PNG image"), (b"# start_ps", "trace", "an event trace"),
+          (b"key,workload", "csv", "a CSV export of a sweep"), (b"| workload", "md", "a markdown export of a sweep"))
+
+
+def _file_kind(path: str) -> tuple[str, str]:
+    """(kind, description) of an existing file, from its first bytes."""
+    with open(path, "rb") as fh:
+        head = fh.read(64)
+    for magic, kind, what in _MAGIC:
+        if head.startswith(magic):
+            return kind, what
+    return "other", "a file of another kind (not one this option writes)"
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.exists(a) and os.path.exists(b):
+        return os.path.samefile(a, b)
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_output(path: str, option: str, inputs: dict, kind: str) -> None:
+    """ValueError naming ``option`` unless writing ``path`` loses no input: it is none of
+    ``inputs`` (``{path: what it is}``, e.g. the store, the sweep spec, a topology or chip
+    file the run reads), and an existing non-empty file there is of the ``kind`` this option
+    writes (``trace``, ``csv``, ``md``, ``parquet``): a command overwrites only its own kind."""
+    for other, what in inputs.items():
+        if other and _same_file(path, other):
+            raise ValueError(f"argument {option}: '{path}' is {what} (an output never overwrites an input; "
+                             f"give another path)")
+    if os.path.isfile(path) and os.path.getsize(path):
+        try:
+            found, what = _file_kind(path)
+        except OSError as exc:
+            raise ValueError(f"argument {option}: cannot read '{path}': {exc.strerror}") from None
+        if found != kind:
+            raise ValueError(f"argument {option}: '{path}' exists and is {what}, not a {kind} file as {option} "
+                             f"writes: move it away or give another path")
+
+
+def topology_inputs(paths) -> dict:
+    """``{file: what}`` of every topology file (and a system's chip file) of ``paths``."""
+    from .topology.sources import source_files
+    out = {}
+    for path in paths:
+        files = source_files(path)
+        out[files[0]] = f"the topology file {os.path.basename(files[0])} the run reads"
+        for chip in files[1:]:
+            out[chip] = f"the chip file {os.path.basename(chip)} of the system {os.path.basename(files[0])}"
+    return out

@@ -11,7 +11,7 @@ import importlib.util
 import os
 import sys
 
-from .cli_common import _byte_count, _positive_int
+from .cli_common import _byte_count, _positive_int, check_output, topology_inputs
 
 EXPORTS = ("csv", "parquet", "md")
 #: Columns of the text table (the figures; ns_<kind> columns are in the exports).
@@ -68,12 +68,28 @@ def causes(failures: list) -> list:
     return sorted(by.values(), key=lambda c: -c["points"])
 
 
-def _check_outputs(args) -> None:
-    """ValueError naming the option unless ``--export`` and ``--plot`` can be written (before any point runs)."""
+def _check_outputs(args, spec) -> None:
+    """ValueError naming the option unless ``--export`` and ``--plot`` can be written without
+    overwriting an input: the store, the spec, a topology or chip file (before any point runs)."""
+    from .sweep.runner import default_store
+    from .topology.machine import topology_path
+    inputs = {spec.path: "the sweep spec", args.store or default_store(spec): "the sweep's store",
+              **topology_inputs(dict.fromkeys(topology_path(p.topology) for p in spec.points))}
     if args.export:
         _writable(args.export[1], "--export", directory=False)
+        check_output(args.export[1], "--export", inputs, args.export[0])
     if args.plot:
         _writable(args.plot, "--plot", directory=True)
+        for other, what in inputs.items():
+            name = os.path.basename(other)
+            if _same_dir(os.path.dirname(os.path.abspath(other)), args.plot) and name.startswith(f"{spec.name}_") \
+                    and name.endswith(".png"):
+                raise ValueError(f"argument --plot: '{other}' is {what}, and a plot of that name would replace it "
+                                 f"(an output never overwrites an input; give another directory)")
+
+
+def _same_dir(a: str, b: str) -> bool:
+    return os.path.isdir(b) and os.path.samefile(a, b) if os.path.isdir(a) else False
 
 
 def _writable(path: str, option: str, directory: bool) -> None:
@@ -118,7 +134,7 @@ def _cmd_sweep(args, _machine):
     from .sweep.plots import plot_all, sensitivity
     from .sweep.runner import execute
     spec = load_spec(args.spec)
-    _check_outputs(args)
+    _check_outputs(args, spec)
     result = execute(spec, workers=args.workers, scheduler=args.scheduler, store=args.store,
                      progress=not getattr(args, "json", False), retry_failed=args.retry_failed,
                      point_timeout_s=args.point_timeout, point_bytes=args.point_memory)

@@ -32,9 +32,10 @@ from .. import limits
 from ..topology.loader import resolve_doc
 from ..topology.machine import machine_of_doc, topology_path
 from ..topology.size import element_limit
+from ..topology.sources import source_files
 from ..topology.validate import content_digest
 from .spec import STUDY_DIR, Spec, load_spec
-from .store import Store, point_key
+from .store import Store, StoreError, point_key
 from .workloads import add_paths, run_point
 
 __all__ = ["SweepResult", "SweepInterrupted", "SweepStalled", "execute", "default_store", "chunks_of", "keyed_points"]
@@ -155,7 +156,9 @@ def execute(spec_or_path, *, workers: int | None = None, scheduler: str | None =
     seconds = limits.limit("point_s") if point_timeout_s is None else point_timeout_s
     nbytes = limits.limit("point_bytes") if point_bytes is None else point_bytes
     keyed, docs = keyed_points(spec)
-    db = Store(default_store(spec) if store is None else store, spec.path)
+    store = default_store(spec) if store is None else store
+    _not_a_topology(store, {path for path, _ in docs.values()})
+    db = Store(store, spec.path)
     t0 = time.perf_counter()
     ran, todo, unique, damaged = 0, [], len({k for k, _ in keyed}), ()
     try:
@@ -179,6 +182,15 @@ def execute(spec_or_path, *, workers: int | None = None, scheduler: str | None =
     finally:
         db.close()
     return SweepResult(spec, db.path, rows, len(todo), time.perf_counter() - t0, unique - len(todo), damaged)
+
+
+def _not_a_topology(store: str, paths) -> None:
+    """StoreError if the store is a topology or chip file the sweep reads (never overwritten)."""
+    for path in paths:
+        for f in source_files(path):
+            if os.path.realpath(store) == os.path.realpath(f):
+                what = "topology" if f == path else "chip"
+                raise StoreError(store, f"is the {what} file {Path(f).name} the sweep reads (give the store another name)")
 
 
 def probe_scheduler(address: str, timeout_s: float = SCHEDULER_TIMEOUT_S) -> None:

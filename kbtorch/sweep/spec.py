@@ -34,6 +34,7 @@ from ..limits import LIMITS, limit
 from ..topology.errors import TopologyError, did_you_mean
 from ..topology.loader import override_entry, resolve_doc
 from ..topology.machine import DEFAULT_MACHINE, topology_path
+from ..topology.select import ENV as TOPOLOGY_ENV
 from ..topology.overrides import CHIP_PREFIX
 from .check import check_axes, check_distinct, check_machines, check_points, combos
 from .workloads import parse_workload, same_key
@@ -148,7 +149,11 @@ def load_spec(path) -> Spec:
         raise SpecError(path, "sweep.combine", f"expected one of {', '.join(COMBINE)}, got {combine!r}"
                         + did_you_mean(combine, COMBINE))
     name = _name(head.get("name", Path(path).stem), path)
-    base = _topology(head.get("topology", DEFAULT_MACHINE), path, "sweep.topology")
+    # NOTE: without sweep.topology, $KBTORCH_TOPOLOGY (else ahbm) as everywhere else; the
+    # keys hold the machine's content, so a store's results never depend on the environment.
+    env = os.environ.get(TOPOLOGY_ENV)
+    base = (_topology(head.get("topology", DEFAULT_MACHINE), path, "sweep.topology") if "topology" in head or not env
+            else _topology(env, path, f"${TOPOLOGY_ENV} (the spec has no sweep.topology)"))
     axes = tuple(_axes(_table(doc.get("axes", {}), path, "axes"), path))
     check_axes(axes, base, path, SpecError)
     wl = _table(doc.get("workloads", {}), path, "workloads")

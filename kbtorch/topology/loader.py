@@ -16,6 +16,7 @@ Every error is a :class:`TopologyError` naming the file and the entry at fault.
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.resources
 import os
 import stat
@@ -145,11 +146,20 @@ _COMPILED: dict = {}
 
 def _compiled(doc: dict, path: str) -> tuple:
     """(chip-style document, layout) of a checked system document, compiled once per content."""
-    key = (content_digest(doc), path)
+    # NOTE: the chip file's bytes are part of the key: an edit to the chip file a system names
+    # is a new machine, in this process too.
+    key = (content_digest(doc), path, _file_digest(chip_file(path, doc["system"]["chip"], topology_dirs())))
     if key[0] is None or key not in _COMPILED:
         _COMPILED[key] = _system(copy.deepcopy(doc), path)
     compiled, layout = _COMPILED[key]
     return copy.deepcopy(compiled), layout
+
+
+def _file_digest(path: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _system(doc: dict, path: str) -> tuple:

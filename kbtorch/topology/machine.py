@@ -22,6 +22,7 @@ from .loader import TOPOLOGY_DIR, load_raw, resolve_doc, topology_dirs
 from .overrides import freeze_overrides, thaw_overrides
 from .multipath import Paths, RoutingPolicy
 from .routing import Router
+from .sources import sources_stamp
 from .system import LEVELS as SYSTEM_LEVELS
 from .system_route import SystemRouter
 from .validate import content_digest
@@ -304,7 +305,7 @@ def machine_of_doc(path: str, doc: dict) -> Machine:
 
 
 @functools.lru_cache(maxsize=16)
-def _load_cached(path: str, mtime: float, overrides: tuple) -> Machine:
+def _load_cached(path: str, stamp: tuple, overrides: tuple) -> Machine:
     return machine_of_doc(path, resolve_doc(path, thaw_overrides(overrides)))
 
 
@@ -315,8 +316,7 @@ def load_machine(name_or_path: str = DEFAULT_MACHINE, overrides: dict | None = N
     ``overrides`` maps dotted paths of the file to values (``{"links.noc.bw_gbps": 512}``);
     see docs/topology-format.md."""
     path = topology_path(name_or_path)
-    try:
-        mtime = os.path.getmtime(path)
-    except OSError:
-        raise TopologyError(path, "file", "no such topology file") from None
-    return _load_cached(os.path.abspath(path), mtime, freeze_overrides(overrides, path))
+    if not os.path.exists(path):
+        raise TopologyError(path, "file", "no such topology file")
+    # NOTE: cached per version of every file the machine reads (a system's chip file too).
+    return _load_cached(os.path.abspath(path), sources_stamp(path), freeze_overrides(overrides, path))
