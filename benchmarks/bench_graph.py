@@ -11,7 +11,7 @@
   N``: the model with N decoder layers, a config.json written for it; default all 28); in
   graph mode the overlap of collectives and GEMMs in the prefill graph: the time some
   collective kernel and some GEMM kernel run at once (``overlap_us``), and the chunked
-  kernels (``tensor/overlap.py``);
+  kernels (``tensor/graph/overlap.py``);
 - **(d) Maia 200**, decode batch 16, L = 16384 (``qwen_layer --topology maia200``), both
   modes (docs/validation.md).
 
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
         targets.append({"target": f"TTFT prompt 2048{layers}: graph < eager ({ttft['eager']['ttft_us']:.0f} us)",
                         "measured": f"{ttft['graph']['ttft_us']:.0f} us",
                         "pass": ttft["graph"]["ttft_us"] < ttft["eager"]["ttft_us"]})
-        targets.append({"target": "... collectives overlap GEMMs in the prefill graph (chunked: tensor/overlap.py)",
+        targets.append({"target": "... collectives overlap GEMMs in the prefill graph (chunked: tensor/graph/overlap.py)",
                         "measured": f"{ttft['graph']['prefill_overlap_us']:.1f} us overlapped, "
                                     f"{len(ttft['graph']['chunked'])} chunked kernel kinds",
                         "pass": ttft["graph"]["prefill_overlap_us"] > 0 and bool(ttft["graph"]["chunked"])})

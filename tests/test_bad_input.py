@@ -17,7 +17,7 @@ from kbtorch.kernel import build
 from kbtorch.ops.attention import attention
 from kbtorch.ops.collective import collective
 from kbtorch.ops.collective_plan import CollectiveError
-from kbtorch.ops.elementwise import elementwise
+from kbtorch.ops.vector import elementwise
 from kbtorch.ops.gemm import gemm
 from kbtorch.runtime import AllocationError, Runtime
 from kbtorch.sim.commands import Dma, Loc

@@ -88,7 +88,7 @@ def test_placements_validate():
 def test_hbm_full_is_a_clear_error_and_changes_nothing():
     import gc
 
-    from kbtorch.tensor.memory import HbmFull, hbm_book
+    from kbtorch.tensor.hbm import HbmFull, hbm_book
     book = hbm_book(kbtorch.current_machine())
     gc.collect()
 

@@ -8,8 +8,8 @@ pytest.importorskip("transformers")
 
 import kbtorch  # noqa: E402
 from kbtorch.models.hf import build  # noqa: E402
-from kbtorch.tensor.chips import chip_mesh  # noqa: E402
-from kbtorch.tensor.expert_parallel import expert_modules, expert_parallel, route_counts  # noqa: E402
+from kbtorch.tensor.placement.mesh import chip_mesh  # noqa: E402
+from kbtorch.tensor.parallel.expert_parallel import expert_modules, expert_parallel, route_counts  # noqa: E402
 
 
 

@@ -21,7 +21,7 @@ def test_a_tensor_remembers_its_machine_and_two_machines_do_not_mix(tiny):
 
 
 def test_the_hbm_book_is_per_machine_and_per_memory_node(tiny):
-    from kbtorch.tensor.memory import hbm_book
+    from kbtorch.tensor.hbm import hbm_book
     book = hbm_book(tiny)
     node = tiny.memory(0, "hbm")
     assert book.nodes[node].capacity == tiny.node_capacity(node)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import kbtorch
-from kbtorch.tensor import graph as graph_mod
+from kbtorch.tensor.graph import capture as graph_mod
 
 
 def _fn(w, b):
@@ -101,7 +101,7 @@ def test_graphed_module_caches_the_timing_of_repeated_shapes(small):
 
 
 def test_compile_backend_matches_cpu_and_reports_graph_breaks(small):
-    from kbtorch import compile as kc
+    from kbtorch.tensor.graph import compile as kc
     lin = torch.nn.Linear(32, 32)
 
     def fn(x):
@@ -264,7 +264,7 @@ def test_the_decode_layers_norms_fuse_into_their_projections(small):
     assert sum(k.flops for k in fused.plan.kernels) == sum(k.flops for k in plain.plan.kernels)
     assert memory_bytes(small, fused.schedule.result) <= memory_bytes(small, plain.schedule.result)
 def _count_simulations(monkeypatch) -> list:
-    from kbtorch.tensor import scheduler
+    from kbtorch.tensor.graph import join as scheduler
     calls, real = [], scheduler.simulate
     monkeypatch.setattr(scheduler, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
     return calls

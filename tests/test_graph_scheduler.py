@@ -4,9 +4,9 @@ import pytest
 
 from kbtorch.kernel import build
 from kbtorch.ops.collective import collective
-from kbtorch.ops.elementwise import elementwise_kernel
+from kbtorch.ops.vector import elementwise_kernel
 from kbtorch.ops.gemm import gemm
-from kbtorch.tensor import scheduler
+from kbtorch.tensor.graph import join
 
 
 def _vector(machine, pes, n=1 << 16):
@@ -14,12 +14,12 @@ def _vector(machine, pes, n=1 << 16):
 
 
 def _alone(machine, prog):
-    return scheduler.simulate([prog], [frozenset()], machine).latency_ps
+    return join.simulate([prog], [frozenset()], machine).latency_ps
 
 
 def test_independent_kernels_on_disjoint_pes_take_the_longer(tiny):
     a, b = _vector(tiny, range(0, 4)), _vector(tiny, range(4, 8), n=1 << 15)
-    both = scheduler.simulate([a, b], [frozenset(), frozenset()], tiny)
+    both = join.simulate([a, b], [frozenset(), frozenset()], tiny)
     longer = max(_alone(tiny, a), _alone(tiny, b))
     assert both.latency_ps == pytest.approx(longer, rel=0.05)
     assert both.result.events > 0 and both.commands >= 8
@@ -29,18 +29,18 @@ def test_independent_kernels_on_the_same_pes_take_about_the_sum(tiny):
     # NOTE: many tiles each, so that each alone keeps its PEs' HBM ports busy (with one tile,
     # the second's reads would overlap the first's compute: a real overlap, not a sum)
     a, b = _vector(tiny, range(8), 1 << 21), _vector(tiny, range(8), 1 << 21)
-    both = scheduler.simulate([a, b], [frozenset(), frozenset()], tiny).latency_ps
+    both = join.simulate([a, b], [frozenset(), frozenset()], tiny).latency_ps
     one = _alone(tiny, a)
     assert 1.6 * one <= both <= 2.05 * one      # the fill and drain of one overlap the other
 
 
 def test_a_dependent_kernel_waits_on_its_pes_semaphores(tiny):
     a, b = _vector(tiny, range(8)), _vector(tiny, range(8))
-    chained = scheduler.simulate([a, b], [frozenset(), frozenset({0})], tiny)
+    chained = join.simulate([a, b], [frozenset(), frozenset({0})], tiny)
     assert chained.ready_ps[1] == chained.finish_ps[0] < chained.finish_ps[1]
     # a consumer on PEs the producer does not use hears of it by an IPCQ relay
     c = _vector(tiny, range(4, 8))
-    relayed = scheduler.simulate([_vector(tiny, range(4)), c], [frozenset(), frozenset({0})], tiny)
+    relayed = join.simulate([_vector(tiny, range(4)), c], [frozenset(), frozenset({0})], tiny)
     assert relayed.finish_ps[1] > relayed.finish_ps[0] + _alone(tiny, c) * 0.5
     assert any(cmd.label.startswith("kernel 0 done: relay") for cmds in relayed.result.programs.values()
                for cmd in cmds)
@@ -50,13 +50,13 @@ def test_a_gemm_beside_a_collective_on_shared_links_is_slower(tiny):
     g = gemm(shape=(512, 512, 512), pes=list(range(8)), machine=tiny).result.programs
     c = collective("all_reduce", group=list(range(8)), nbytes=1 << 20, machine=tiny, algo="ring").result.programs
     alone = _alone(tiny, g)
-    both = scheduler.simulate([g, c], [frozenset(), frozenset()], tiny)
+    both = join.simulate([g, c], [frozenset(), frozenset()], tiny)
     assert both.finish_ps[0] > alone
 
 
 def test_no_graph_is_faster_than_its_busiest_resource(tiny):
     progs = [_vector(tiny, range(8)), _vector(tiny, range(4)), _vector(tiny, range(2, 8))]
-    s = scheduler.simulate(progs, [frozenset(), frozenset({0}), frozenset()], tiny)
+    s = join.simulate(progs, [frozenset(), frozenset({0}), frozenset()], tiny)
     stats = s.result.stats
     busiest = max([link["max_busy_ps"] for link in stats["links"].values()]
                   + [m["busy_ps"] for m in stats["memories"].values()])
@@ -65,7 +65,7 @@ def test_no_graph_is_faster_than_its_busiest_resource(tiny):
 
 def test_semaphores_are_renamed_apart_and_one_launch_issues_every_command(tiny):
     a, b = _vector(tiny, range(8)), _vector(tiny, range(8))
-    programs, commands = scheduler.build([a, b], [frozenset(), frozenset({0})], tiny)
+    programs, commands = join.build([a, b], [frozenset(), frozenset({0})], tiny)
     assert commands == sum(len(v) for v in a.values()) + sum(len(v) for v in b.values())
     sems = {s.sem for cmds in programs.values() for cmd in cmds for s in cmd.signals}
     assert sems == {"0.done", "1.done"}
@@ -75,21 +75,21 @@ def test_shared_read_keys_are_renamed_apart_per_kernel():
     from kbtorch.sim.commands import Composite, Loc, Move, Share
     read = Move(Loc("hbm0"), 64, share=Share("weights", (0, 1)))
     cmd = Composite(tiles=2, staging=Loc("tcm0"), reads=(read, Move(Loc("hbm0"), 64)))
-    renamed = scheduler._rename(cmd, "3.")
+    renamed = join._rename(cmd, "3.")
     assert renamed.reads[0].share == Share("3.weights", (0, 1)) and renamed.reads[1].share is None
 def test_retiming_moves_only_the_paths_through_a_changed_kernel(tiny):
     # a -> b, a -> c, b and c -> d; b's branch (disjoint PEs) longer than c's
     progs = [_vector(tiny, range(4)), _vector(tiny, range(4), 1 << 18), _vector(tiny, range(4, 8)),
              _vector(tiny, range(8))]
     deps = [frozenset(), frozenset({0}), frozenset({0}), frozenset({1, 2})]
-    sched = scheduler.simulate(progs, deps, tiny)
-    same = scheduler.retime(sched, deps, [0, 0, 0, 0])
+    sched = join.simulate(progs, deps, tiny)
+    same = join.retime(sched, deps, [0, 0, 0, 0])
     assert same.latency_ps == sched.latency_ps and same.finish_ps == sched.finish_ps
     slack = sched.finish_ps[1] - sched.finish_ps[2]
     assert slack > 0
-    hidden = scheduler.retime(sched, deps, [0, 0, slack // 2, 0])          # c grows within b's shadow
+    hidden = join.retime(sched, deps, [0, 0, slack // 2, 0])          # c grows within b's shadow
     assert hidden.latency_ps == sched.latency_ps
-    longer = scheduler.retime(sched, deps, [0, 1000, 0, 0])               # b is on the longest path
+    longer = join.retime(sched, deps, [0, 1000, 0, 0])               # b is on the longest path
     assert longer.latency_ps == sched.latency_ps + 1000
     assert longer.finish_ps[3] == sched.finish_ps[3] + 1000 and sched.result.latency_ps != longer.result.latency_ps
 
@@ -100,7 +100,7 @@ def test_a_prefill_like_graph_is_periodic_with_an_input_every_block_shares():
     for b in range(6):
         first = 1 + 2 * b
         sigs += [("qkv", frozenset({0, first - 1}) if b else frozenset({0})), ("mlp", frozenset({first}))]
-    per = scheduler.period(sigs)
+    per = join.period(sigs)
     assert per is not None and per.length == 2 and per.count >= 5
 
 
@@ -111,11 +111,11 @@ def test_a_relay_crosses_to_each_other_chip_once():
     from kbtorch.topology import load_machine
     system = load_machine(str(Path(__file__).parent / "data" / "tiny_system.toml"))
     a, b = _vector(system, range(4)), _vector(system, range(16))
-    programs, _ = scheduler.build([a, b], [frozenset(), frozenset({0})], system)
+    programs, _ = join.build([a, b], [frozenset(), frozenset({0})], system)
     relays = [(pe, cmd.dst_pe) for pe, cmds in programs.items() for cmd in cmds
               if cmd.label.startswith("kernel 0 done: relay")]
     across = [(s, d) for s, d in relays if system.chip_of(s) != system.chip_of(d)]
     assert sorted(system.chip_of(d) for _, d in across) == [1, 2, 3]
     assert {d for _, d in relays} == set(range(4, 16))
-    run = scheduler.simulate([a, b], [frozenset(), frozenset({0})], system)
+    run = join.simulate([a, b], [frozenset(), frozenset({0})], system)
     assert run.finish_ps[1] > run.finish_ps[0]

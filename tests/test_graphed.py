@@ -1,10 +1,10 @@
-"""kbtorch.graphed (kbtorch/tensor/graphed.py): timing-only static calls replayed without host
+"""kbtorch.graphed (kbtorch/tensor/graph/static_calls.py): timing-only static calls replayed without host
 work; calls whose state changes, or that read values back to the host, captured every time."""
 import pytest
 import torch
 
 import kbtorch
-from kbtorch.tensor import graph as graph_mod
+from kbtorch.tensor.graph import capture as graph_mod
 
 
 class _Cache:

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import kbtorch
-from kbtorch.tensor.memory import HbmBook, HbmFull
-from kbtorch.tensor.placement import Mesh, Replicate, Shard, Spec
+from kbtorch.tensor.hbm import HbmBook, HbmFull
+from kbtorch.tensor.placement.mesh import Mesh
+from kbtorch.tensor.placement.spec import Replicate, Shard, Spec
 
 
 class Owner:
@@ -68,7 +69,7 @@ def test_a_release_the_collector_runs_inside_a_reserve_waits_for_it(ahbm, monkey
     while a reserve is splitting an allocator. Its blocks are freed once the book is whole
     again, and every node ends with all its bytes free (a release midway freed the wrong
     allocators: frees of blocks no longer there, seen in the full test suite)."""
-    from kbtorch.runtime.memory import Allocator
+    from kbtorch.runtime.allocator import Allocator
     book = HbmBook(ahbm)
     cap = ahbm.node_capacity(ahbm.pes[0].hbm)
     everywhere = Spec(Mesh(tuple(range(256)), (256,)), (Replicate(),))

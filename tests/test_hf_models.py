@@ -97,7 +97,7 @@ def test_a_kv_cache_past_the_hbm_left_is_refused_before_any_work():
 
     import kbtorch
     from kbtorch.models.hf import check_cache_fits, kv_cache
-    from kbtorch.tensor.memory import HbmFull, hbm_book
+    from kbtorch.tensor.hbm import HbmFull, hbm_book
     model, _ = build("tiny-llama", torch.bfloat16, timing_only=True)
     assert [(n, s) for n, s, _ in kv_cache(model.config, 2, 16, 2)][:2] == \
         [("cache.layers.0.keys", (2, 2, 16, 16)), ("cache.layers.0.values", (2, 2, 16, 16))]

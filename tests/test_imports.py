@@ -1,9 +1,11 @@
 """The layer order of kbtorch as a test: every import, also inside functions and also named by
-string ("kbtorch.cli_gemm:add_parser", "models.qwen2_sweep:layer"), goes from a module to its
-own group or to a lower layer, and the module graph is acyclic.
+string ("kbtorch.cli_gemm:add_parser", "kbtorch.models.qwen2_sweep:layer"), goes from a module
+to its own group or to a lower layer, and the module graph is acyclic.
 
 The order (``LAYERS``): units, limits -> topology -> sim -> runtime -> kernel -> ops -> tensor
--> profiler -> kbtorch (the public API) -> sweep | models -> cli.
+-> profiler -> kbtorch (the public API) -> sweep | models -> cli. Inside ``tensor`` and ``ops``
+the same rule holds one level down (``INNER``): tensor's placement -> core -> handlers ->
+graph -> parallel -> the package; ops' contract -> the op families, none importing another.
 """
 import ast
 import fnmatch
@@ -16,8 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 #: groups of one rank (sweep, models) do not import each other. Ranks decided from the code:
 #: - units, limits (parsing, run-size limits) import nothing of kbtorch and every layer uses
 #:   them: rank 0, below the topology.
-#: - compile (the torch.compile backend, graph branch) lowers dynamo's graphs onto the device's
-#:   graph capture: part of the tensor front end.
 #: - profiler reports on the tensor stream and the simulator's results: above tensor, below
 #:   the public API (``kbtorch.profile``) and the front ends that print its tables.
 #: - kbtorch (the package root, exactly) is the public API: models use it, as users do.
@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #:   its study file (``fn = "module:function"``), never in code.
 #: - cli is the top: ``kbtorch sweep`` drives sweeps, ``kbtorch bench`` every op family;
 #:   ``python -m kbtorch`` (``kbtorch.__main__``) is the same command.
-#: - models counts both today's root ``models/`` and ``kbtorch/models/``, and use kbtorch as a
-#:   user does: through the public API (the package root) only (``PUBLIC_ONLY``).
+#: - models (``kbtorch/models/``) use kbtorch as a user does: through the public API (the
+#:   package root) only (``PUBLIC_ONLY``).
 LAYERS = (
     (0, "base", ("kbtorch.units", "kbtorch.limits")),
     (1, "topology", ("kbtorch.topology",)),
@@ -34,13 +34,40 @@ LAYERS = (
     (3, "runtime", ("kbtorch.runtime",)),
     (4, "kernel", ("kbtorch.kernel",)),
     (5, "ops", ("kbtorch.ops",)),
-    (6, "tensor", ("kbtorch.tensor", "kbtorch.compile")),
+    (6, "tensor", ("kbtorch.tensor",)),
     (7, "profiler", ("kbtorch.profiler",)),
     (8, "api", ("kbtorch",)),
     (9, "sweep", ("kbtorch.sweep",)),
-    (9, "models", ("kbtorch.models", "models")),
+    (9, "models", ("kbtorch.models",)),
     (10, "cli", ("kbtorch.cli", "kbtorch.cli_*", "kbtorch.__main__")),
 )
+
+#: The order inside a layer's package, as ``LAYERS`` one level down: a module imports its own
+#: group and lower ranks; ``package`` (the package root alone) imports all of them.
+#: - tensor: placements and meshes are data; the core (the stream, dispatch and its timing
+#:   records, HBM books, tensors and redistribution, the device) runs one op; handlers are
+#:   the ops; graph mode times many ops as one graph; parallel plans use all of it.
+#: - ops: the op contract and layouts; each family (one per prefix) is its own group, so no
+#:   family imports another.
+INNER = {
+    "tensor": (
+        (0, "placement", ("kbtorch.tensor.placement",)),
+        (1, "core", tuple(f"kbtorch.tensor.{m}" for m in
+                          ("device", "dispatch", "hbm", "module", "redistribute", "stream", "tensor", "timing"))),
+        (2, "handlers", ("kbtorch.tensor.handlers",)),
+        (3, "graph", ("kbtorch.tensor.graph",)),
+        (4, "parallel", ("kbtorch.tensor.parallel",)),
+        (5, "package", ("kbtorch.tensor",)),
+    ),
+    "ops": (
+        (0, "contract", ("kbtorch.ops.contract", "kbtorch.ops.layout")),
+        (1, "attention", ("kbtorch.ops.attention*",)),
+        (1, "collective", ("kbtorch.ops.collective*",)),
+        (1, "gemm", ("kbtorch.ops.gemm*",)),
+        (1, "vector", ("kbtorch.ops.vector",)),
+        (2, "package", ("kbtorch.ops",)),
+    ),
+}
 
 #: Groups that import the rest of kbtorch through the public API (``kbtorch``) only.
 PUBLIC_ONLY = ("models",)
@@ -48,7 +75,7 @@ PUBLIC_ONLY = ("models",)
 
 #: A string constant read as an import: ``package.module`` or ``module:function`` under one of
 #: our top packages (a bare ``"kbtorch"`` is a name, e.g. an op label, not an import).
-_BY_STRING = re.compile(r"^(?:kbtorch|models)(?:\.\w+)*(?::\w+)?$")
+_BY_STRING = re.compile(r"^kbtorch(?:\.\w+)*(?::\w+)?$")
 
 
 def _name(path: Path, root: Path) -> str:
@@ -57,7 +84,7 @@ def _name(path: Path, root: Path) -> str:
 
 
 def _files(root: Path) -> list:
-    return sorted(f for top in ("kbtorch", "models") for f in (root / top).rglob("*.py"))
+    return sorted((root / "kbtorch").rglob("*.py"))
 
 
 def _imports(path: Path, modules: set, root: Path = ROOT) -> dict:
@@ -83,7 +110,7 @@ def _imports(path: Path, modules: set, root: Path = ROOT) -> dict:
 
 
 def _graph(root: Path = ROOT) -> dict:
-    """module -> {imported module: "import" | "string"}, over kbtorch/ and models/ under root."""
+    """module -> {imported module: "import" | "string"}, over kbtorch/ under root."""
     files = _files(root)
     modules = {_name(f, root) for f in files}
     graph = {}
@@ -95,32 +122,52 @@ def _graph(root: Path = ROOT) -> dict:
         for m, how in list(found.items()):
             for i in range(1, m.count(".") + 1):
                 found.setdefault(".".join(m.split(".")[:i]), how)
-        graph[me] = {m: how for m, how in found.items() if m.split(".")[0] in ("kbtorch", "models")
+        graph[me] = {m: how for m, how in found.items() if m.split(".")[0] == "kbtorch"
                      and m != me and not me.startswith(m + ".") and not m.startswith(me + ".")
                      and (m in modules or how == "string")}
     return graph
 
 
-def _matches(module: str, pattern: str) -> bool:
-    """``pattern`` names ``module`` or a package above it (``kbtorch`` alone: the root only)."""
-    if pattern == "kbtorch":
+def _matches(module: str, pattern: str, exact: bool = False) -> bool:
+    """``pattern`` names ``module`` or a package above it (``exact``: ``module`` alone)."""
+    if exact:
         return module == pattern
     return fnmatch.fnmatchcase(".".join(module.split(".")[:pattern.count(".") + 1]), pattern)
 
 
-def _layer(module: str) -> tuple | None:
-    """(rank, group) of a module: its most specific pattern in ``LAYERS`` (None: unranked)."""
-    found = [(len(p), rank, group) for rank, group, patterns in LAYERS for p in patterns if _matches(module, p)]
+def _rank(module: str, table: tuple) -> tuple | None:
+    """(rank, group) of a module in ``table``: its most specific pattern (None: unranked).
+    The groups ``api`` and ``package`` name their package root alone."""
+    found = [(len(p), rank, group) for rank, group, patterns in table for p in patterns
+             if _matches(module, p, group in ("api", "package"))]
     return max(found)[1:] if found else None
 
 
+def _layer(module: str) -> tuple | None:
+    """(rank, group) of a module in ``LAYERS``."""
+    return _rank(module, LAYERS)
+
+
+def _against(me: str, mine: tuple, m: str, theirs: tuple | None, how: str, where: str = "") -> list:
+    """The line for an import of ``m`` by ``me`` against the order (``[]`` if it follows it)."""
+    if theirs is None or theirs[1] != mine[1] and theirs[0] >= mine[0]:
+        them = "unranked" if theirs is None else f"{where}{theirs[1]}, rank {theirs[0]}"
+        return [f"{me} ({where}{mine[1]}, rank {mine[0]}) imports {m} ({them})" + (" by string" if how == "string" else "")]
+    return []
+
+
 def violations(graph: dict) -> list:
-    """Every import against the order, as readable lines; unranked modules too."""
+    """Every import against the order (``LAYERS``, and ``INNER`` inside a group), as readable
+    lines; unranked modules too."""
     out = []
     for me in sorted(graph):
         mine = _layer(me)
         if mine is None:
             out.append(f"{me} has no layer: give it a rank in LAYERS")
+            continue
+        inner = INNER.get(mine[1])
+        if inner and _rank(me, inner) is None:
+            out.append(f"{me} has no place in {mine[1]}: give it a rank in INNER[{mine[1]!r}]")
             continue
         for m, how in sorted(graph[me].items()):
             theirs = _layer(m)
@@ -128,10 +175,10 @@ def violations(graph: dict) -> list:
                 continue
             if mine[1] in PUBLIC_ONLY and theirs is not None and theirs[1] not in (mine[1], "api"):
                 out.append(f"{me} ({mine[1]}) imports {m}: {mine[1]} use the public API (kbtorch) only")
-            elif theirs is None or theirs[1] != mine[1] and theirs[0] >= mine[0]:
-                where = "unranked" if theirs is None else f"{theirs[1]}, rank {theirs[0]}"
-                out.append(f"{me} ({mine[1]}, rank {mine[0]}) imports {m} ({where})"
-                           + (" by string" if how == "string" else ""))
+            elif inner and theirs == mine:
+                out += _against(me, _rank(me, inner), m, _rank(m, inner), how, f"{mine[1]}: ")
+            else:
+                out += _against(me, mine, m, theirs, how)
     return out
 
 
@@ -172,14 +219,23 @@ def test_every_import_follows_the_layer_order():
 
 def test_every_module_has_a_layer():
     assert _layer("kbtorch") == (8, "api") and _layer("kbtorch.cli_gemm") == (10, "cli")
-    assert _layer("kbtorch.models.qwen2") == _layer("models.hf") == (9, "models")
-    assert _layer("kbtorch.tensor.ops_matmul") == _layer("kbtorch.compile") == (6, "tensor")
-    assert _layer("kbtorch.tensor.expert_parallel") == _layer("kbtorch.tensor.chips") == (6, "tensor")
-    assert _layer("kbtorch.tensor.pipeline") == (6, "tensor")
-    assert _layer("kbtorch.tensor.mesh") == _layer("kbtorch.tensor.parallel") == _layer(
-        "kbtorch.tensor.ops_matmul_mesh") == (6, "tensor")
-    assert _layer("kbtorch.units") == _layer("kbtorch.limits") == (0, "base")
-    assert _layer("kbtorch.nowhere") is None
+    assert _layer("kbtorch.models.qwen2") == (9, "models") and _layer("kbtorch.units") == (0, "base")
+    assert _layer("kbtorch.tensor.handlers.matmul") == _layer("kbtorch.tensor.graph.compile") == (6, "tensor")
+    assert _layer("kbtorch.nowhere") is None and _layer("models.hf") is None
+
+
+def test_every_module_of_tensor_and_ops_has_a_place():
+    tensor, ops = INNER["tensor"], INNER["ops"]
+    assert _rank("kbtorch.tensor.placement.mesh", tensor) == (0, "placement")
+    assert _rank("kbtorch.tensor.dispatch", tensor) == (1, "core")
+    assert _rank("kbtorch.tensor.handlers.matmul_mesh", tensor) == (2, "handlers")
+    assert _rank("kbtorch.tensor.graph.compile", tensor) == (3, "graph")
+    assert _rank("kbtorch.tensor.parallel.plan", tensor) == (4, "parallel")
+    assert _rank("kbtorch.tensor", tensor) == (5, "package") and _rank("kbtorch.tensor.other", tensor) is None
+    assert _rank("kbtorch.ops.gemm_kernel", ops) == (1, "gemm") and _rank("kbtorch.ops.layout", ops) == (0, "contract")
+    graph = _graph()
+    for group, table in INNER.items():
+        assert all(_rank(m, table) for m in graph if _layer(m) == _layer(f"kbtorch.{group}")), group
 
 
 def _plant(root: Path, files: dict) -> dict:
@@ -195,23 +251,42 @@ def test_a_planted_back_import_fails(tmp_path):
     by string, a sweep naming a model by string and a model past the public API: the
     checker reports each, by name."""
     graph = _plant(tmp_path, {
-        "kbtorch/__init__.py": "", "kbtorch/tensor/__init__.py": "", "kbtorch/tensor/kernels.py": "",
+        "kbtorch/__init__.py": "", "kbtorch/tensor/__init__.py": "", "kbtorch/tensor/timing.py": "",
         "kbtorch/ops/__init__.py": "",
-        "kbtorch/ops/fine.py": "from ..sim import engine\nfrom .. import limits\nLABEL = 'kbtorch'\n",
-        "kbtorch/ops/bad.py": "def f():\n    from ..tensor.kernels import run\n    return run\n",
-        "kbtorch/ops/named.py": "CLI = 'kbtorch.cli_x:add_parser'\n",
-        "models/__init__.py": "", "models/m.py": "import kbtorch\n",
-        "models/deep.py": "from kbtorch.tensor.kernels import run\n",
-        "kbtorch/sweep/__init__.py": "", "kbtorch/sweep/w.py": "BUILTIN = {'layer': 'models.m:layer'}\n"})
+        "kbtorch/ops/contract.py": "from ..sim import engine\nfrom .. import limits\nLABEL = 'kbtorch'\n",
+        "kbtorch/ops/gemm.py": "def f():\n    from ..tensor.timing import run\n    return run\n",
+        "kbtorch/ops/vector.py": "CLI = 'kbtorch.cli_x:add_parser'\n",
+        "kbtorch/models/__init__.py": "", "kbtorch/models/m.py": "import kbtorch\n",
+        "kbtorch/models/deep.py": "from kbtorch.tensor.timing import run\n",
+        "kbtorch/sweep/__init__.py": "", "kbtorch/sweep/w.py": "BUILTIN = {'layer': 'kbtorch.models.m:layer'}\n"})
     found = violations(graph)
     assert found == [
-        "kbtorch.ops.bad (ops, rank 5) imports kbtorch.tensor (tensor, rank 6)",
-        "kbtorch.ops.bad (ops, rank 5) imports kbtorch.tensor.kernels (tensor, rank 6)",
-        "kbtorch.ops.named (ops, rank 5) imports kbtorch.cli_x (cli, rank 10) by string",
-        "kbtorch.sweep.w (sweep, rank 9) imports models (models, rank 9) by string",
-        "kbtorch.sweep.w (sweep, rank 9) imports models.m (models, rank 9) by string",
-        "models.deep (models) imports kbtorch.tensor: models use the public API (kbtorch) only",
-        "models.deep (models) imports kbtorch.tensor.kernels: models use the public API (kbtorch) only"], found
+        "kbtorch.models.deep (models) imports kbtorch.tensor: models use the public API (kbtorch) only",
+        "kbtorch.models.deep (models) imports kbtorch.tensor.timing: models use the public API (kbtorch) only",
+        "kbtorch.ops.gemm (ops, rank 5) imports kbtorch.tensor (tensor, rank 6)",
+        "kbtorch.ops.gemm (ops, rank 5) imports kbtorch.tensor.timing (tensor, rank 6)",
+        "kbtorch.ops.vector (ops, rank 5) imports kbtorch.cli_x (cli, rank 10) by string",
+        "kbtorch.sweep.w (sweep, rank 9) imports kbtorch.models (models, rank 9) by string",
+        "kbtorch.sweep.w (sweep, rank 9) imports kbtorch.models.m (models, rank 9) by string"], found
+
+
+def test_a_planted_back_import_inside_tensor_and_ops_fails(tmp_path):
+    """The core importing a handler, a family importing another and a module with no place
+    in its layer's order: each reported, by name."""
+    graph = _plant(tmp_path, {
+        "kbtorch/__init__.py": "", "kbtorch/tensor/__init__.py": "from .handlers import copy\n",
+        "kbtorch/tensor/dispatch.py": "from .handlers.copy import timed_copy\n",
+        "kbtorch/tensor/handlers/__init__.py": "", "kbtorch/tensor/handlers/copy.py": "from ..dispatch import x\n",
+        "kbtorch/tensor/extra.py": "", "kbtorch/ops/__init__.py": "",
+        "kbtorch/ops/gemm.py": "from .attention import run\n", "kbtorch/ops/attention.py": "from .contract import y\n",
+        "kbtorch/ops/contract.py": ""})
+    found = violations(graph)
+    assert found == [
+        "kbtorch.ops.gemm (ops: gemm, rank 1) imports kbtorch.ops.attention (ops: attention, rank 1)",
+        "kbtorch.tensor.dispatch (tensor: core, rank 1) imports kbtorch.tensor.handlers (tensor: handlers, rank 2)",
+        "kbtorch.tensor.dispatch (tensor: core, rank 1) imports kbtorch.tensor.handlers.copy (tensor: handlers, rank 2)",
+        "kbtorch.tensor.extra has no place in tensor: give it a rank in INNER['tensor']"], found
+    assert _cycle(graph) == ["kbtorch.tensor.dispatch", "kbtorch.tensor.handlers.copy", "kbtorch.tensor.dispatch"]
 
 
 def test_a_planted_cycle_and_an_unranked_module_fail(tmp_path):
@@ -222,5 +297,5 @@ def test_a_planted_cycle_and_an_unranked_module_fail(tmp_path):
 
 def test_the_walk_sees_imports_inside_functions():
     modules = {_name(f, ROOT) for f in _files(ROOT)}
-    found = _imports(ROOT / "kbtorch" / "tensor" / "ops_matmul.py", modules)
+    found = _imports(ROOT / "kbtorch" / "tensor" / "handlers" / "matmul.py", modules)
     assert found.get("kbtorch.ops.gemm") == "import" and "kbtorch.tensor.dispatch" in found

@@ -13,7 +13,7 @@ from kbtorch.cli import main
 from kbtorch.ops.attention import attention
 from kbtorch.ops.attention import reference as attention_reference
 from kbtorch.ops.collective import all_reduce, torch_reference
-from kbtorch.ops.elementwise import elementwise
+from kbtorch.ops.vector import elementwise
 from kbtorch.ops.gemm import gemm
 from kbtorch.topology import as_machine, current_machine, load_machine, use
 

@@ -7,7 +7,6 @@ import torch
 
 import kbtorch
 from kbtorch import Partial, Replicate, Shard, distribute_tensor, init_device_mesh
-from kbtorch.tensor.mesh import chip_lines
 from kbtorch.tensor.redistribute import steps
 from kbtorch.topology import load_machine
 
@@ -25,9 +24,8 @@ def test_the_default_mesh_is_chips_by_pes(system):
     assert mesh.shape == (4, 4) and mesh.names == ("chip", "pe") and mesh.pes == tuple(range(16))
     assert mesh.size() == 16 and mesh.size("pe") == 4 and mesh.ndim == 2
     assert all(system.chip_of(p) == i for i in range(4) for p in mesh.pes[4 * i:4 * i + 4])
-    assert chip_lines(mesh, "chip") and not chip_lines(mesh, "pe")
     other = init_device_mesh((2, 2, 4), ("tray", "chip", "pe"), machine=system)
-    assert other.shape == (2, 2, 4) and chip_lines(other, "tray") and not chip_lines(other, "pe")
+    assert other.shape == (2, 2, 4) and [system.chip_of(p) for p in other.pes[::4]] == [0, 1, 2, 3]
     assert init_device_mesh((16,), ("all",), machine=system).shape == (16,)
 
 
@@ -175,8 +173,8 @@ def test_reductions_over_a_2d_sharded_dimension_move_only_their_parts(system):
 def test_a_dimension_smaller_than_the_mesh_lies_as_nested_sharding_deals_it(system):
     """4 heads Shard along (chip, pe) lie one per chip, on its first PE (DTensor's nested
     chunks), not on chip 0's four PEs: a pointwise pass over them runs there."""
-    from kbtorch.tensor.kernels import vector
-    from kbtorch.tensor.placement import holders
+    from kbtorch.tensor.timing import vector
+    from kbtorch.tensor.placement.mesh import holders
     mesh = init_device_mesh(machine=system)
     assert holders(mesh, 4) == (0, 4, 8, 12) and holders(mesh, 8) == (0, 1, 4, 5, 8, 9, 12, 13)
     assert holders(mesh, 6) == (0, 1, 4, 5, 8, 9) and holders(mesh, 64) == mesh.pes

@@ -7,7 +7,7 @@ from torch import nn
 
 import kbtorch
 from kbtorch.tensor.dispatch import is_ahbm
-from kbtorch.tensor.memory import HbmFull
+from kbtorch.tensor.hbm import HbmFull
 
 
 def test_a_module_past_the_hbm_is_refused_before_any_tensor_moves(tiny_path):

@@ -1,4 +1,4 @@
-"""MoE routing and expert GEMMs on ahbm (kbtorch/tensor/ops_moe.py): histc and bincount
+"""MoE routing and expert GEMMs on ahbm (kbtorch/tensor/handlers/moe.py): histc and bincount
 counts, the grouped GEMM (one GEMM per group with rows: only routed experts read) against
 CPU, on the tiny machine."""
 import pytest
@@ -45,6 +45,6 @@ def test_grouped_mm_refuses_what_it_does_not_time():
 
 
 def test_timing_only_spreads_rows_over_the_groups():
-    from kbtorch.tensor.ops_moe import group_rows
+    from kbtorch.tensor.handlers.moe import group_rows
     assert group_rows(torch.empty(4, dtype=torch.int32, device="meta"), 10, 4) == [3, 3, 2, 2]
     assert group_rows(torch.tensor([2, 2, 9]), 12, 3) == [2, 0, 7]

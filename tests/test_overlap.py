@@ -1,11 +1,11 @@
-"""Graph mode's overlap pass (``kbtorch.tensor.overlap``): a sequence-parallel MLP on the
+"""Graph mode's overlap pass (``kbtorch.tensor.graph.overlap``): a sequence-parallel MLP on the
 tiny machine (8 PEs): all-gather -> column-parallel GEMM, row-parallel GEMM ->
 reduce-scatter, split into chunks whose collectives run under their neighbours' GEMMs."""
 import torch
 
 import kbtorch
 from kbtorch.ops.contract import memory_bytes
-from kbtorch.tensor import overlap
+from kbtorch.tensor.graph import overlap
 
 S, H, F = 256, 256, 512
 

@@ -11,8 +11,8 @@ pytest.importorskip("transformers")
 
 import kbtorch  # noqa: E402
 from kbtorch.models.hf import build  # noqa: E402
-from kbtorch.tensor.chips import chip_mesh  # noqa: E402
-from kbtorch.tensor.pipeline import pipeline_parallel, split_layers  # noqa: E402
+from kbtorch.tensor.placement.mesh import chip_mesh  # noqa: E402
+from kbtorch.tensor.parallel.pipeline_parallel import pipeline_parallel, split_layers  # noqa: E402
 from kbtorch.tensor.stream import clock_ns  # noqa: E402
 
 
@@ -103,7 +103,7 @@ def test_bad_plans_are_refused():
 
 
 def test_a_stage_called_alone_is_refused_and_the_scope_is_left_clean():
-    from kbtorch.tensor.placement import SCOPE
+    from kbtorch.tensor.placement.spec import SCOPE
     model, _ = _pp(2, 1)
     x = torch.ones(1, 2, 64).to("ahbm")
     with pytest.raises(RuntimeError, match="outside the pipelined model's forward"):

@@ -1,4 +1,4 @@
-"""Graph mode's shared copies (kbtorch.tensor.shared): an all-gather among PEs that bind one
+"""Graph mode's shared copies (kbtorch.tensor.graph.shared_copies): an all-gather among PEs that bind one
 memory is a barrier that moves no data; where each PE owns its memory nothing changes."""
 from pathlib import Path
 
@@ -6,7 +6,7 @@ import torch
 
 import kbtorch
 from kbtorch.ops.contract import memory_bytes
-from kbtorch.tensor.shared import barrier, one_memory
+from kbtorch.tensor.graph.shared_copies import barrier, one_memory
 
 DIEWIDE = str(Path(__file__).parent / "data" / "diewide.toml")
 

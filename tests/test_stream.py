@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from kbtorch.ops.contract import bottleneck, tflops
-from kbtorch.ops.elementwise import elementwise
+from kbtorch.ops.vector import elementwise
 from kbtorch.tensor import stream
-from kbtorch.tensor.kernels import Timed
+from kbtorch.tensor.timing import Timed
 from kbtorch.topology.kinds import kind_name
 
 TENSOR = Path(stream.__file__).parent

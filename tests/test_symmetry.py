@@ -8,7 +8,7 @@ from kbtorch.ops.collective import collective
 from kbtorch.ops.collective_group import make_grid, resolve_group
 from kbtorch.ops.collective_kernel import CollectiveKernel
 from kbtorch.ops.collective_plan import schedule
-from kbtorch.ops.elementwise import elementwise_kernel
+from kbtorch.ops.vector import elementwise_kernel
 from kbtorch.ops.gemm import simulate
 from kbtorch.ops.gemm_kernel import gemm_kernel
 from kbtorch.ops.gemm_plan import GemmTiling, plan

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import weakref
 
+from ..runtime.allocator import AllocationError, Buf, Memories
+from ..sim import symmetry
 from ..sim.commands import Composite, Compute, Dma, Fetch, Loc, Multicast, Send, Signal, Store, Wait
 from ..sim.components.dma import data_path
 from ..sim.multicast import MulticastError, can_multicast, check, tree
 from ..sim.simulator import RunResult, Simulator
-from ..sim import symmetry
-from ..runtime.memory import AllocationError, Buf, Memories
 
 def _waits(items) -> tuple:
     return tuple(Wait(x) if isinstance(x, str) else x for x in ((items,) if isinstance(items, (str, Wait)) else items))
@@ -252,7 +252,7 @@ def run_programs(programs: dict, machine, *, mode="fast", trace: bool = False,
     ``reduction``: that reduction when the caller knows it (``symmetry.images``), not looked for.
     ``mode``: a simulation mode, or a function of the programs simulated (the reduced ones)
     that gives it. The result keeps the built programs (``result.programs``): graph mode
-    runs them again, beside other kernels', in one simulation (``kbtorch.tensor.scheduler``)."""
+    runs them again, beside other kernels', in one simulation (``kbtorch.tensor.graph.join``)."""
     if not (not trace if symmetric is None else symmetric):
         mode = mode(programs) if callable(mode) else mode
         sim = Simulator(machine, mode=mode, trace=trace)

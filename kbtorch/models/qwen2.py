@@ -19,7 +19,7 @@ q/k/v/gate/up are column-parallel (weight ``[out, in]`` sharded on ``out``: each
 partial sum, reduced by an all-reduce, or a reduce-scatter over the sequence, when the
 residual add uses it); norms' weights and biases of row-parallel layers are replicated,
 biases of column-parallel layers sharded with their outputs. The placements alone say
-this: the ahbm dispatch follows them (``kbtorch/tensor/sharding.py``).
+this: the ahbm dispatch follows them (``kbtorch/tensor/placement/sharding.py``).
 """
 from __future__ import annotations
 

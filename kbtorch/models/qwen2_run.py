@@ -30,7 +30,7 @@ def build_layer(cfg: Qwen2Config, dtype, timing_only: bool, check: bool):
 
 def replicate(module: nn.Module) -> nn.Module:
     """Place every parameter of ``module`` (on ahbm) replicated on all PEs: each matmul then
-    runs as one GEMM over all PEs on its automatic grid (see ``kbtorch/tensor/ops_matmul.py``)."""
+    runs as one GEMM over all PEs on its automatic grid (see ``kbtorch/tensor/handlers/matmul.py``)."""
     return place(module, lambda leaf, pname: kbtorch.Replicate())
 
 

@@ -116,7 +116,7 @@ def _plan_on(machine, kind: str, shape: AttentionShape, tiling: AttentionTiling,
 def _fits(machine, shape, works) -> bool:
     cap = machine.capacity("tcm", works[0].pe)
     unique = {_signature(w): w for w in works}
-    return all(ak.Layout(machine, w, shape).tcm_bytes() <= cap for w in unique.values())
+    return all(ak.AttentionLayout(machine, w, shape).tcm_bytes() <= cap for w in unique.values())
 
 
 def candidates(shape: AttentionShape, pes: list) -> list[AttentionTiling]:

@@ -66,7 +66,7 @@ def merge_tiles(rows: int, d: int) -> int:
     return next(t for t in (MERGE_TILES, 2, 1) if rows * d % t == 0)
 
 
-class Layout:
+class AttentionLayout:
     """Byte offsets of a PE's item regions (Q rows then K/V rows) and outputs in its HBM
     buffer ``items``, and sizes of its TCM buffers (allocated in ``TCM_ORDER``: the tree slots first,
     so that every PE's are at address 0)."""
@@ -127,7 +127,7 @@ def attention_kernel(ctx, works: dict, shape: AttentionShape) -> None:
 class _Program:
     def __init__(self, ctx, work: Work, shape: AttentionShape):
         self.ctx, self.work, self.shape = ctx, work, shape
-        self.lay = Layout(ctx.machine, work, shape)
+        self.lay = AttentionLayout(ctx.machine, work, shape)
         self.flops = math_costs(ctx.machine, ctx.pe)
         self.buf = self.lay.allocate(ctx)
         self.last_chunk = {c.item: x for x, c in enumerate(work.chunks)}

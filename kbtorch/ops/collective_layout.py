@@ -13,7 +13,7 @@ side by side (consecutive block ids inside an aligned group) share one packet.
 from __future__ import annotations
 
 from ..kernel import contexts
-from ..runtime.memory import AllocationError
+from ..runtime.allocator import AllocationError
 from ..sim.commands import Loc
 from .collective_plan import CollectiveError, Schedule
 from .layout import page_align, tcm_budget, tcm_granule

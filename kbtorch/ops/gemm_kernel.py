@@ -21,7 +21,7 @@ from .layout import ACC_BYTES
 BUFFERS = 2
 
 
-class Layout:
+class GemmLayout:
     """Byte offsets inside a shard's blocked A panel, B panel and C block (HBM buffers of
     their own), and the sizes of its TCM regions."""
 
@@ -54,7 +54,7 @@ def gemm_kernel(ctx, shards: dict, tiling: GemmTiling, dtype: str, composite: bo
     shard = shards.get(ctx.pe)
     if shard is None:
         return
-    lay = Layout(shard, tiling, dtype, out_dtype)
+    lay = GemmLayout(shard, tiling, dtype, out_dtype)
     mp, np_, _ = shard.shape
     owner = ctx.pe == shard.owner
     for name, nbytes in lay.hbm.items():
@@ -80,7 +80,7 @@ def gemm_kernel(ctx, shards: dict, tiling: GemmTiling, dtype: str, composite: bo
         _reduce(ctx, shard, lay, dtype, owner)
 
 
-def _partial_loc(ctx, shard: Block, lay: Layout, t: int, rows: int, cols: int, r: int, c: int):
+def _partial_loc(ctx, shard: Block, lay: GemmLayout, t: int, rows: int, cols: int, r: int, c: int):
     peer = shard.peers.index(ctx.pe) - 1
     offset = (peer * lay.np_ * (shard.shape[0]) + r * lay.np_ + c * rows) * ACC_BYTES
     return ctx.remote(shard.owner, "partials").loc(offset)
@@ -108,7 +108,7 @@ def _shares(shard: Block, tiling: GemmTiling, gang, t: int):
     return lambda g: (ga and Share(f"gemm A {a},{c} t{t} g{g}", ga), gb and Share(f"gemm B {b},{c} t{t} g{g}", gb))
 
 
-def _composite_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, share) -> None:
+def _composite_tile(ctx, lay: GemmLayout, tiling, dtype, tile, dst, signal, share) -> None:
     r, rows, c, cols = tile
     groups = _k_groups(lay.kp, tiling.tile[2])
     staging, a, b = (ctx.buffer(n) for n in ("staging", "a_panel", "b_panel"))
@@ -126,7 +126,7 @@ def _composite_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, share) -
                       signal=(signal,) if final and signal else (), label=f"gemm tile {r},{c} k{k0}")
 
 
-def _chained_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, issued: int) -> int:
+def _chained_tile(ctx, lay: GemmLayout, tiling, dtype, tile, dst, signal, issued: int) -> int:
     """Queue one output tile as individual commands; ``issued`` counts K steps so far on this
     PE (reads of step s >= 2 wait until the fetch of step s - 2 has freed its buffer)."""
     r, rows, c, cols = tile
@@ -152,7 +152,7 @@ def _chained_tile(ctx, lay: Layout, tiling, dtype, tile, dst, signal, issued: in
     return issued
 
 
-def _reduce(ctx, shard: Block, lay: Layout, dtype: str, owner: bool) -> None:
+def _reduce(ctx, shard: Block, lay: GemmLayout, dtype: str, owner: bool) -> None:
     mp, np_, _ = shard.shape
     if not owner:
         ctx.send(shard.owner, "partial", wait="mine", label="partial ready")

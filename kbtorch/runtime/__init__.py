@@ -1,5 +1,5 @@
 """Host-facing runtime API: memory allocation, data deployment and kernel launch."""
-from .memory import AllocationError, Allocator, Buf, Memories
+from .allocator import AllocationError, Allocator, Buf, Memories
 from .runtime import Runtime
 
 __all__ = ["AllocationError", "Allocator", "Buf", "Memories", "Runtime"]

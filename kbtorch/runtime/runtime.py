@@ -1,6 +1,6 @@
 """The host-facing runtime: deploys tensors and launches kernels, knows nothing about routing.
 
-Buffers are :class:`~kbtorch.runtime.memory.Buf` (a byte range of one memory node, named
+Buffers are :class:`~kbtorch.runtime.allocator.Buf` (a byte range of one memory node, named
 by the PE that owns it and a level: ``hbm`` the PE's HBM, ``sram`` the shared SRAM, ``tcm``
 its TCM), allocated from the one memory model (``memory.Memories``).
 Deployed data is a host-side copy (untimed setup); launched programs run together, from
@@ -14,7 +14,7 @@ from ..sim.commands import Command, Dma
 from ..sim.simulator import RunResult, Simulator
 from ..topology import Machine, as_machine
 from ..units import check_pe
-from .memory import Allocator, Buf, Memories
+from .allocator import Allocator, Buf, Memories
 
 class Runtime:
     """Bufs, host-side data and launched programs for one machine."""

@@ -18,7 +18,7 @@ import torch
 
 from ..topology import current_machine
 from .module import apply_all_or_nothing
-from .placement import default_spec
+from .placement.spec import default_spec
 from .tensor import DEVICE, AhbmTensor, is_timing_only
 
 _LIB = None

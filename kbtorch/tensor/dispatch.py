@@ -15,7 +15,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..sim.engine import paused_gc
-from .placement import Spec, default_spec
+from .placement.spec import Spec, default_spec
 from .stream import CAPTURE, record_run
 
 DEVICE = "ahbm"

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .dispatch import is_ahbm
-from .memory import check_hbm
+from .hbm import check_hbm
 
 TORCH_APPLY = nn.Module._apply
 

@@ -29,9 +29,9 @@ import torch
 
 from ..ops.collective_concurrent import on_groups_run
 from .dispatch import root
-from .kernels import Rows, Timed, kernel_dtype
-from .placement import Partial, Replicate, Shard, Spec
+from .placement.spec import Partial, Replicate, Shard, Spec
 from .stream import CAPTURE, record, tracing
+from .timing import Rows, Timed, kernel_dtype
 
 
 def _lines(mesh, dim: int) -> list[tuple]:

@@ -14,8 +14,8 @@ from contextvars import ContextVar
 import torch
 
 from .dispatch import DEVICE, dispatch, value_of
-from .memory import hbm_book
-from .placement import Spec, expand
+from .hbm import hbm_book
+from .placement.spec import Spec, expand
 from .redistribute import full_tensor, redistribute
 
 _TIMING_ONLY: ContextVar = ContextVar("kbtorch_timing_only", default=False)

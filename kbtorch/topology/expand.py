@@ -22,7 +22,7 @@ class RawTopology:
     links: dict
     launch: dict | None = None
     routing: dict | None = None
-    system: object = None                          # a system file's Layout (topology.system)
+    system: object = None                          # a system file's SystemLayout (topology.system)
     nodes: dict = field(default_factory=dict)      # full name -> attribute dict
     edges: dict = field(default_factory=dict)      # (src, dst) -> attribute dict
     pes: list = field(default_factory=list)        # PE id -> {"prefix", "roles", "coords", binds}

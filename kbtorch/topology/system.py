@@ -9,7 +9,7 @@ switch per ``per`` trays over a port group, or per ``per`` switches of the tier 
 ``compile_system`` checks it and writes it as a chip-style document (blocks ``__chip``: the
 chip's top block plus its port nodes, ``__tray``, ``__system``) that the ordinary expander
 turns into one flat machine: PEs chip-major (``tray0.chip0.`` first), the chip a level of
-the PE names (``--group chip:3``), each chip's own launch node. ``Layout`` keeps the
+the PE names (``--group chip:3``), each chip's own launch node. ``SystemLayout`` keeps the
 structure the system router (``system_route.py``) routes over: chip-local routes come from
 the chip alone, routes between chips go port group to port group, directly or up the tiers.
 
@@ -65,7 +65,7 @@ class Tier:
 
 
 @dataclass(frozen=True)
-class Layout:
+class SystemLayout:
     """The structure of a system: chips (name prefixes, chip-major), port groups, the direct
     links inside a tray (``direct[(i, j)]``: the port groups joining local chips i and j)
     and the switch tiers bottom-up (``tiers[0]`` is over port group ``tiers[0].down``)."""
@@ -101,9 +101,9 @@ class Layout:
         return tuple(out)
 
 
-def compile_system(doc: dict, path: str, chip_doc: dict, chip_path: str) -> tuple[dict, Layout]:
+def compile_system(doc: dict, path: str, chip_doc: dict, chip_path: str) -> tuple[dict, SystemLayout]:
     """The chip-style document of system ``doc`` (validated) over chip ``chip_doc`` (validated),
-    and its ``Layout``; TopologyError naming the system file and the field at fault."""
+    and its ``SystemLayout``; TopologyError naming the system file and the field at fault."""
     sysd, ports, tray = doc["system"], doc["ports"], doc["tray"]
     for section in ("links", "components"):
         for name in doc[section]:
@@ -146,7 +146,7 @@ def compile_system(doc: dict, path: str, chip_doc: dict, chip_path: str) -> tupl
     # NOTE: the system's own [routing] (its port groups are the paths to spray over), else the chip's.
     if "routing" in doc or "routing" in chip_doc:
         out["routing"] = doc.get("routing", chip_doc.get("routing"))
-    layout = Layout(chip_path, dict(sysd.get("chip_overrides", {})), sysd["trays"], tray["chips"], groups, direct,
+    layout = SystemLayout(chip_path, dict(sysd.get("chip_overrides", {})), sysd["trays"], tray["chips"], groups, direct,
                     tuple(tiers))
     return out, layout
 

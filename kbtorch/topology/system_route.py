@@ -8,7 +8,7 @@ once for every chip alike). A route between chips leaves its chip by one port gr
 down) and enters the other chip the same way. Of the port groups that reach the other chip,
 the one with the least uncontended head latency wins (ties: file order), as in ``Router``.
 A route never passes through a third chip. A split group's route uses its lane 0 (one path;
-a per-packet policy may spray over ``Layout.groups[g].nodes``).
+a per-packet policy may spray over ``SystemLayout.groups[g].nodes``).
 
 Multi-path (``spray``, for ``multipath.Paths`` under a ``[routing]`` policy): the ways from
 chip a to chip b are the direct crossings and the crossings through ONE relay chip c (a to
