@@ -9,9 +9,9 @@ last wrote the buffers it reads (read after write) and, for a buffer it writes, 
 read or wrote it before (write after read/write). Views alias their base's buffer; an op
 without a kernel passes its inputs' producers on to its outputs.
 
-When the block ends (and at every ``replay``) the graph is timed as a whole: fusion
-(``fusion``) rewrites the kernel list, the scheduler (``scheduler``) joins the kernels'
-programs and runs them in ONE simulation, and the graph goes on the stream as one record
+When the block ends (and at every ``replay``) the graph is timed as a whole through the
+pass pipeline (``passes``): fusion, overlap and shared copies rewrite the kernel list, and
+``join`` joins the kernels' programs and runs them in ONE simulation, and the graph goes on the stream as one record
 (one launch) whose parts are its kernels, with their spans, on their own trace tracks. The
 timing of a graph is cached by what it ran (the same kernel runs, the same dependencies, the
 same machine): a graph captured or replayed again with the same shapes is not simulated
