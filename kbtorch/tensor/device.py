@@ -43,6 +43,7 @@ def register() -> None:
     # stop halfway (see ``module``).
     torch.nn.Module._apply = apply_all_or_nothing
     _random_state_is_the_hosts()
+    torch.get_device_module(DEVICE).is_available = _available
     _LIB = lib
 
 
@@ -55,6 +56,15 @@ def _random_state_is_the_hosts() -> None:
     mod.set_rng_state = lambda state, device=None: torch.set_rng_state(state)
     # NOTE: ``torch.manual_seed`` seeds the host generator and then calls these: nothing left to do.
     mod.manual_seed = mod.manual_seed_all = lambda seed: None
+
+
+def _available() -> bool:
+    """``torch.ahbm.is_available()``: True, but while dynamo traces (a tracing context is
+    set). NOTE: fake tensors treat a device that is not available as one not to initialise:
+    they then never run a real op onto it to fold a constant (``.to("ahbm")`` of a scalar
+    constant would otherwise make a real ahbm tensor inside dynamo's fake pass)."""
+    from torch._guards import TracingContext
+    return TracingContext.try_get() is None
 
 
 def _home(dtype) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..sim.engine import paused_gc
@@ -20,6 +21,10 @@ from .stream import CAPTURE, record_run
 
 DEVICE = "ahbm"
 HANDLERS: dict = {}
+#: The numeric pass of ops whose value is not torch's CPU kernel's on the host values (the
+#: kernel lacks a dtype: ``histc`` of integers): packet -> ``fn(func, args, kwargs)``, used
+#: by their handler and by dynamo's fake pass alike.
+HOST_VALUES: dict = {}
 
 
 
@@ -53,8 +58,24 @@ def is_ahbm(x) -> bool:
 
 def value_of(x):
     """The numeric value of an ahbm tensor: its global value as one host tensor (anything
-    else passes through)."""
-    return x._value if is_ahbm(x) else x
+    else passes through).
+
+    A plain tensor on ahbm is a fake tensor (dynamo's fake pass made it with a factory op,
+    ``torch.arange(..., device="ahbm")``): its value is a fake host tensor of the same shape."""
+    if is_ahbm(x):
+        return x._value
+    if isinstance(x, torch.Tensor) and x.device.type == DEVICE:
+        return _fake_on_host(x)
+    return x
+
+
+def _fake_on_host(x):
+    mode = getattr(x, "fake_mode", None)
+    if mode is None:
+        raise RuntimeError(f"kbtorch: a plain {type(x).__name__} on '{DEVICE}' {tuple(x.shape)} {x.dtype} has no "
+                           f"value (only kbtorch's own tensors live on '{DEVICE}')")
+    with mode:
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cpu")
 
 
 def root(x):
@@ -146,11 +167,18 @@ def dispatch(cls, func, args, kwargs):
     machine = machine_of(func, args, kwargs)
     if name.endswith("_") and is_ahbm(args[0]):
         root(args[0]).__dict__.pop("_replicated", None)
+    if is_ahbm(kwargs.get("out")) and func not in HANDLERS and _functional(func) is not None:
+        return _out_variant(cls, func, args, kwargs)
     handler = HANDLERS.get(func) or HANDLERS.get(func.overloadpacket)
+    if _fake(args, kwargs):
+        return _fake_pass(cls, func, args, kwargs, machine)
     if handler is None:
         out = func.decompose(*args, **kwargs)
         if out is not NotImplemented:
             return out
+        body = _custom_op_body(func)
+        if body is not None:
+            return body(*args, **kwargs)
         raise NotImplementedError(f"kbtorch: {func} on ahbm tensors is not supported yet "
                                   f"(no tile kernel is registered for it)")
     with paused_gc():
@@ -162,6 +190,65 @@ def dispatch(cls, func, args, kwargs):
     if isinstance(out.value, torch.Tensor):
         return _wrap(cls, out.value, out, machine)
     return tree_map(lambda v: _wrap(cls, v, out, machine), out.value)
+
+
+def _fake(args, kwargs) -> bool:
+    """Whether an op's values are fake tensors: dynamo's fake pass (torch.compile) is tracing."""
+    return any(is_ahbm(x) and isinstance(x._value, FakeTensor) for x in leaves(args) + leaves(kwargs))
+
+
+def _fake_pass(cls, func, args, kwargs, machine):
+    """An op in dynamo's fake pass: its result's shape, dtype and aliasing, no kernels (the
+    compiled graph runs and is timed on real values, per concrete shape). A result that is an
+    input's value (an in-place op's target) is that input; any other is a new ahbm tensor
+    placed by default, booking no HBM."""
+    out = HOST_VALUES.get(func.overloadpacket, host_call)(func, args, kwargs)
+    inputs = {id(x._value): x for x in leaves(args) + leaves(kwargs) if is_ahbm(x)}
+
+    def wrap(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        same = inputs.get(id(v))
+        return same if same is not None else cls(v, default_spec(machine, tuple(v.shape)), owns=False)
+    return map_leaves(wrap, out)
+
+
+def _functional(func):
+    """The functional overload of an ``out=`` overload with one output (``mm.out`` ->
+    ``mm.default``: the same arguments but ``out``), or None."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or [a.name for a in schema.arguments if a.is_out] != ["out"]:
+        return None
+    wanted = [(a.name, str(a.type)) for a in schema.arguments if not a.is_out]
+    packet = func.overloadpacket
+    for name in packet.overloads():
+        other = getattr(packet, name)
+        if not other._schema.is_mutable and [(a.name, str(a.type)) for a in other._schema.arguments] == wanted:
+            return other
+    return None
+
+
+def _out_variant(cls, func, args, kwargs):
+    """``op.out(..., out=t)``: the functional op (its handler, its kernels), its result
+    written into ``t``'s buffer as its kernels would have written it (no copy is timed).
+    A result of another shape or dtype than ``t`` is refused, as torch refuses to resize a
+    view; ``t`` keeps its placement."""
+    out = kwargs["out"]
+    result = dispatch(cls, _functional(func), args, {k: v for k, v in kwargs.items() if k != "out"})
+    if tuple(result.shape) != tuple(out.shape) or result.dtype != out.dtype:
+        raise RuntimeError(f"kbtorch: {func}: the result {tuple(result.shape)} {result.dtype} does not fit out= "
+                           f"{tuple(out.shape)} {out.dtype} (ahbm tensors are not resized)")
+    value_of(out).copy_(value_of(result))
+    return out
+
+
+def _custom_op_body(func):
+    """The Python body of a ``torch.library.custom_op`` (a model's own op, as transformers'
+    ``grouped_mm_fallback``), or None: run on ahbm tensors, its ops are dispatched one by one,
+    as its CPU kernel runs them on the host."""
+    from torch._library.custom_ops import OPDEFS
+    opdef = OPDEFS.get(func._schema.name) if hasattr(func, "_schema") else None
+    return getattr(opdef, "_init_fn", None)
 
 
 def host_call(func, args, kwargs):

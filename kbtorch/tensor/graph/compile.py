@@ -1,20 +1,22 @@
 """``torch.compile(fn_or_module, backend="kbtorch")``: dynamo's graphs as kbtorch graphs.
 
 The backend (found by dynamo under the name ``"kbtorch"`` through the package's entry point)
-takes each FX graph dynamo captures, lowers it to aten ops (``make_fx``: the aten graph,
-decomposed as dispatch decomposes, with the fused ops kbtorch runs whole, SDPA and the
-norms, kept whole), and returns a function that runs that aten graph on the device inside
-a ``kbtorch.graph()`` capture: every aten node goes through the one dispatch pipeline (the
-same handlers as eager, the same values), and the kernels are timed as one graph
-(overlap, fusion, one launch; cached, so a call with the same shapes is not simulated
-again).
+takes each FX graph dynamo captures and returns a function that runs it on the device inside
+a ``kbtorch.graph()`` capture: every op goes through the one dispatch pipeline (the same
+handlers as eager, the same values), and the kernels are timed as one graph (overlap,
+fusion, one launch; cached, so a call with the same shapes is not simulated again).
 
-Graph breaks: code dynamo cannot trace runs eagerly between the compiled graphs (its ops
-go on the stream one by one); ``breaks()`` lists each break dynamo reported, with its
-reason and source line. A call with new shapes makes dynamo recompile: the backend says so,
-naming the graph first compiled from the same code (``compiled()`` lists every graph it
-compiled, with its input shapes). Shapes are static:
-the backend's first call turns dynamo's automatic dynamic shapes off.
+Dynamo's fake pass (shape propagation while it traces) runs no kernels: on fake values,
+dispatch computes each op's result shape on the host (``dispatch._fake_pass``). So a
+graph traced with symbolic shapes (``dynamic=True``, ``torch._dynamo.mark_dynamic``) serves
+every size it admits, and each call is simulated for its concrete shapes.
+
+A graph input not on ahbm (a model left on CPU) is refused, naming the parameter. Graph
+breaks: code dynamo cannot trace runs eagerly between the compiled graphs (its ops go on
+the stream one by one); ``breaks()`` lists each break dynamo reported, with its reason and
+source line, and dynamo never compiles kbtorch's own frames (``_never_traced``). A call with
+shapes the graph does not admit makes dynamo recompile: ``compiled()`` lists every graph
+compiled, with its input shapes, and the graph first compiled from the same code.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import logging
 
 import torch
 
+from ..dispatch import DEVICE
+from ..tensor import AhbmTensor
 from .capture import Graph
 
 log = logging.getLogger(__name__)
@@ -29,47 +33,76 @@ _COMPILED: list = []
 _FIRST: dict = {}           # dynamo's graph (its ops in order) -> the first graph compiled from it
 
 
-def _meta(x):
-    if not isinstance(x, torch.Tensor):
-        return x
-    shape = tuple(int(s) for s in x.shape)
-    stride = tuple(int(s) for s in x.stride())
-    return torch.empty_strided(shape, stride, dtype=x.dtype, device="meta")
+def _check_on_device(gm, example_inputs) -> None:
+    """Refuse a graph whose tensor inputs (parameters, buffers, arguments) are not on ahbm,
+    naming the first parameter (else the first input) that is not: it would run on the host
+    and report no latency."""
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    wrong = []
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor) and x.dim() > 0 and x.device.type != DEVICE:
+            source = getattr(places[i].meta.get("grapharg"), "source", None) if i < len(places) else None
+            name = getattr(source, "name", f"input {i}")
+            wrong.append((_readable(name() if callable(name) else name), x))
+    if wrong:
+        name, x = min(wrong, key=lambda w: not w[0].startswith("parameter"))
+        raise RuntimeError(f"kbtorch backend: {name} {tuple(x.shape)} is on '{x.device}', not on '{DEVICE}': "
+                           f"move the model and its inputs with .to('{DEVICE}') before calling the compiled model")
 
 
-def _aten(gm, example_inputs):
-    """The aten graph of dynamo's ``gm`` (pre-dispatch: composite ops such as linear and SDPA
-    stay whole, as the device runs them)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-    metas = [_meta(x) for x in example_inputs]
-    with torch.no_grad():
-        return make_fx(gm, pre_dispatch=True)(*metas)
+def _readable(source: str) -> str:
+    """A dynamo source as the user names it: ``L['self']._modules['model']._parameters['weight']``
+    -> ``parameter model.weight``; ``L['x']`` -> ``argument x``."""
+    import re
+    kind = next((k for k in ("parameter", "buffer") if f"._{k}s[" in source), None)
+    path = re.sub(r"\._(?:modules|parameters|buffers)\['([^']+)'\]", r".\1", source)
+    path = re.sub(r"^L\['(?:self|fn|mod)'\]\.|^L\['args'\]\[0\]\.", "", path)
+    path = re.sub(r"^L\['([^']+)'\]", r"\1", path)
+    return f"{kind or 'argument'} {path}"
+
+
+def _shape(x):
+    return tuple(int(s) if isinstance(s, int) else str(s) for s in x.shape) if isinstance(x, torch.Tensor) else x
+
+
+def _never_traced() -> None:
+    """Dynamo never compiles kbtorch's own frames: where a graph break runs code eagerly, the
+    device's entries (the torch function and dispatch hooks, the PrivateUse1 kernels) and all
+    they call run as plain Python. NOTE: this is the eval-frame strategy of those code
+    objects only; dynamo still inlines ``__torch_function__`` while it traces user code."""
+    from torch._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+    from .. import device
+    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    for fn in (AhbmTensor.__torch_function__, AhbmTensor.__torch_dispatch__, device._empty,
+               device._empty_strided, device._copy_from):
+        set_code_exec_strategy(getattr(fn, "__func__", fn).__code__, skip)
 
 
 def backend(gm, example_inputs):
     """The ``"kbtorch"`` dynamo backend (see the module docstring)."""
-    # NOTE: kernels are planned and simulated for concrete shapes: a new shape recompiles
-    # (dynamo would otherwise turn a changed size into a symbolic one on the next call).
-    torch._dynamo.config.automatic_dynamic_shapes = False
-    aten_gm = _aten(gm, example_inputs)
-    shapes = [tuple(int(s) for s in x.shape) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    _check_on_device(gm, example_inputs)
+    shapes = [_shape(x) for x in example_inputs]
     number = len(_COMPILED)
-    ops = sum(1 for n in aten_gm.graph.nodes if n.op == "call_function")
+    ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
     # NOTE: dynamo's own graph is the traced code, the same for every shape it is called with.
-    first = _FIRST.setdefault(tuple((n.op, str(n.target)) for n in gm.graph.nodes), number)
+    # (its calls: a graph traced with symbolic sizes has more inputs, the sizes, but the same calls)
+    first = _FIRST.setdefault(tuple((n.op, str(n.target)) for n in gm.graph.nodes
+                                    if n.op not in ("placeholder", "output")), number)
     again = first if first != number else None
-    _COMPILED.append({"graph": number, "inputs": shapes, "aten_ops": ops, "recompiles": again})
-    log.warning("kbtorch.tensor.graph.compile: graph %d: %d aten ops for inputs %s%s", number, ops, shapes,
-                f" (recompiled: graph {again}'s code with new shapes)" if again is not None else "")
+    _COMPILED.append({"graph": number, "inputs": shapes, "ops": ops, "recompiles": again})
+    log.log(logging.WARNING if again is not None else logging.INFO,
+            "kbtorch.tensor.graph.compile: graph %d: %d ops for inputs %s%s", number, ops, shapes,
+            f" (recompiled: graph {again}'s code with new shapes)" if again is not None else "")
 
     def run(*args):
         with Graph(name=f"compiled graph {number}") as g:
-            out = aten_gm(*args)
+            out = gm(*args)
         run.graph = g
         return out
 
     run.graph = None
-    run.aten = aten_gm
+    run.gm = gm
     return run
 
 
@@ -101,11 +134,22 @@ def compiled() -> list[dict]:
     return list(_COMPILED)
 
 
+def __getattr__(name: str):
+    """``dynamo_backend``: the backend, as dynamo's entry point loads it (pyproject), when
+    ``torch.compile(..., backend="kbtorch")`` is called and before any frame is traced: the
+    moment to keep dynamo off kbtorch's own frames (``_never_traced``)."""
+    if name != "dynamo_backend":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _never_traced()
+    return backend
+
+
 def register() -> None:
     """Register the backend with dynamo as ``"kbtorch"`` by hand (once): an installed kbtorch
     needs no call, dynamo finds it by its ``torch_dynamo_backends`` entry point (pyproject)."""
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
     if "kbtorch" not in _BACKENDS:
+        _never_traced()
         register_backend(name="kbtorch")(backend)
 
 

@@ -29,13 +29,24 @@ from __future__ import annotations
 
 import torch
 
-from ..dispatch import Out, host_call, refuse, register, same_device, value_of
+from ..dispatch import HOST_VALUES, Out, host_call, refuse, register, same_device, value_of
 from ..placement.sharding import placement, rowwise_input
 from ..placement.spec import Replicate
 from ..timing import kernel_dtype, mesh_of, on, timed, vector
 from .matmul import timed_mm
 
 aten = torch.ops.aten
+
+
+def histc_value(func, args, kwargs):
+    """``histc`` of integers (what CUDA computes, CPU refuses): counted in float64."""
+    x = value_of(args[0])
+    if x.is_floating_point():
+        return host_call(func, args, kwargs)
+    return host_call(func, (x.double(), *args[1:]), kwargs).to(x.dtype)
+
+
+HOST_VALUES[aten.histc] = histc_value
 
 
 @register(aten.histc, aten.bincount)
@@ -45,10 +56,7 @@ def count(func, args, kwargs, machine):
     refuse(func, kwargs)
     same_device(name, (args, kwargs))
     x = args[0]
-    if name == "histc" and not value_of(x).is_floating_point():
-        out = host_call(func, (value_of(x).double(), *args[1:]), kwargs).to(x.dtype)
-    else:
-        out = host_call(func, args, kwargs)
+    out = HOST_VALUES.get(func.overloadpacket, host_call)(func, args, kwargs)
     n = x.numel()
     if not n:
         return Out(out, on(x, Replicate()))
