@@ -8,7 +8,7 @@ from .tensor.device import register as _register
 from .tensor.graph import compile as _compile
 from .tensor.graph.capture import Graph as graph
 from .tensor.graph.static_calls import graphed
-from .tensor.hbm import HbmFull, check_hbm
+from .tensor.hbm import HbmFull, check_hbm, hbm_peaks, reset_hbm_peaks
 from .tensor.parallel.expert_parallel import ExpertParallel, expert_parallel
 from .tensor.parallel.pipeline_parallel import PipelineParallel, pipeline_parallel
 from .tensor.parallel.plan import ParallelStyle, parallelize_module
@@ -23,5 +23,5 @@ _compile.listen_for_breaks()
 
 __all__ = ["graph", "graphed", "ColwiseParallel", "ExpertParallel", "HbmFull", "Mesh", "ParallelStyle", "Partial",
            "PipelineParallel", "Replicate", "ReplicateParallel", "RowwiseParallel", "Shard", "check_hbm", "chip_mesh", "current_machine", "default_spec", "distribute_tensor",
-           "expert_parallel", "home", "init_device_mesh", "parallelize_module", "pipeline_parallel", "profile",
-           "replica", "timing_only", "tp_plan", "use"]
+           "expert_parallel", "hbm_peaks", "home", "init_device_mesh", "parallelize_module", "pipeline_parallel", "profile",
+           "replica", "reset_hbm_peaks", "timing_only", "tp_plan", "use"]

@@ -58,6 +58,12 @@ class Allocator:
         self.node, self.capacity, self.align = node, capacity, align
         self._free: list[tuple[int, int]] = [(0, capacity)] if capacity > 0 else []
         self._used: dict[int, int] = {}
+        self.used_bytes = 0         # bytes in blocks now (aligned sizes)
+        self.peak_bytes = 0         # the most ``used_bytes`` has been (since ``reset_peak``)
+
+    def reset_peak(self) -> None:
+        """Start the peak again from the bytes used now."""
+        self.peak_bytes = self.used_bytes
 
     @property
     def free_bytes(self) -> int:
@@ -78,6 +84,8 @@ class Allocator:
                 else:
                     self._free[i] = (addr + size, extent - size)
                 self._used[addr] = size
+                self.used_bytes += size
+                self.peak_bytes = max(self.peak_bytes, self.used_bytes)
                 return addr
         raise AllocationError(f"cannot allocate {nbytes} bytes in '{self.node}': {self.free_bytes} bytes free "
                               f"(largest free block {self.largest_free} bytes, capacity {self.capacity})")
@@ -86,6 +94,7 @@ class Allocator:
         """An allocator with this one's blocks, that goes its own way from now on."""
         other = Allocator(self.node, self.capacity, self.align)
         other._free, other._used = list(self._free), dict(self._used)
+        other.used_bytes, other.peak_bytes = self.used_bytes, self.peak_bytes
         return other
 
     def holds(self, addr: int, nbytes: int) -> bool:
@@ -100,6 +109,7 @@ class Allocator:
         size = self._used.pop(addr, None)
         if size is None:
             raise ValueError(f"no block allocated at address {addr} in '{self.node}'")
+        self.used_bytes -= size
         insort(self._free, (addr, size))
         merged: list[tuple[int, int]] = []
         for a, s in self._free:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..topology import current_machine
+from .hbm import hbm_book
 from .module import apply_all_or_nothing
 from .placement.spec import default_spec
 from .tensor import DEVICE, AhbmTensor, is_timing_only
@@ -44,6 +45,7 @@ def register() -> None:
     torch.nn.Module._apply = apply_all_or_nothing
     _random_state_is_the_hosts()
     torch.get_device_module(DEVICE).is_available = _available
+    _memory_stats()
     _LIB = lib
 
 
@@ -56,6 +58,17 @@ def _random_state_is_the_hosts() -> None:
     mod.set_rng_state = lambda state, device=None: torch.set_rng_state(state)
     # NOTE: ``torch.manual_seed`` seeds the host generator and then calls these: nothing left to do.
     mod.manual_seed = mod.manual_seed_all = lambda seed: None
+
+
+def _memory_stats() -> None:
+    """``torch.ahbm.memory_allocated()``, ``max_memory_allocated()`` and
+    ``reset_peak_memory_stats()``, as ``torch.cuda``'s: the bytes of the fullest HBM node of
+    the current machine, now and at its peak (per chip: ``kbtorch.hbm_peaks()``)."""
+    mod = torch.get_device_module(DEVICE)
+    nodes = lambda: hbm_book(current_machine()).nodes.values()  # noqa: E731
+    mod.memory_allocated = lambda device=None: max((a.used_bytes for a in nodes()), default=0)
+    mod.max_memory_allocated = lambda device=None: max((a.peak_bytes for a in nodes()), default=0)
+    mod.reset_peak_memory_stats = lambda device=None: hbm_book(current_machine()).reset_peaks()
 
 
 def _available() -> bool:

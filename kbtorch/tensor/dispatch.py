@@ -9,6 +9,7 @@ records the kernels, wraps the values into ``AhbmTensor``s (booking HBM) placed 
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -85,6 +86,22 @@ def root(x):
     so that a second view of the same data needs no second all-gather; any in-place op on
     it or its views forgets it."""
     return getattr(x, "_root", x)
+
+
+_SERIAL = itertools.count()
+
+
+def uid(x) -> int:
+    """A number of ``x``'s own, never reused, that keys the capture's tables.
+
+    NOTE: not ``id``: a buffer that died mid-capture (a temporary an op read, a gathered
+    copy) would hand its id, and with it its writers, readers and gathers, to whatever
+    object took its address next. With a number of its own, nothing need be held: a buffer
+    dies (its HBM freed) at its last use, as in eager, and not at the end of the capture."""
+    d = x.__dict__
+    if "_uid" not in d:
+        d["_uid"] = next(_SERIAL)
+    return d["_uid"]
 
 
 def leaves(x) -> list:

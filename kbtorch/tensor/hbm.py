@@ -53,6 +53,19 @@ class HbmBook:
         self.exact = {frozenset(m): self.nodes[next(iter(m))] for m in self.members.values()}
         self._busy, self._pending = False, []
 
+    def peaks(self) -> dict[int, int]:
+        """``{chip: bytes}``: the most bytes any one HBM node of each chip has held (since
+        ``reset_peaks``), as ``torch.cuda.max_memory_allocated`` per device."""
+        out: dict = {}
+        for pe in self.machine.pes:
+            chip = self.machine.chip_of(pe.id)
+            out[chip] = max(out.get(chip, 0), self.nodes[pe.hbm].peak_bytes)
+        return out
+
+    def reset_peaks(self) -> None:
+        for a in {id(a): a for a in self.nodes.values()}.values():
+            a.reset_peak()
+
     def free(self, pe: int) -> int:
         """Bytes free in PE ``pe``'s HBM node (shared with its other PEs)."""
         return self.nodes[self.machine.memory(pe, "hbm")].free_bytes
@@ -205,3 +218,13 @@ def check_hbm(what: str, tensors: list) -> None:
     is booked either way (``HbmBook.check_fits``). ``what`` names them in the error."""
     machine = current_machine()
     hbm_book(machine).check_fits(what, tensors, lambda shape: default_spec(machine, shape))
+
+
+def hbm_peaks(machine=None) -> dict[int, int]:
+    """``{chip: bytes}``: the peak modelled HBM of each chip of ``machine`` (default: the
+    current one), the fullest HBM node of the chip, since the last ``reset_hbm_peaks``."""
+    return hbm_book(machine or current_machine()).peaks()
+
+
+def reset_hbm_peaks(machine=None) -> None:
+    hbm_book(machine or current_machine()).reset_peaks()

@@ -28,7 +28,7 @@ from math import prod
 import torch
 
 from ..ops.collective_concurrent import on_groups_run
-from .dispatch import root
+from .dispatch import root, uid
 from .placement.spec import Partial, Replicate, Shard, Spec
 from .stream import CAPTURE, record, tracing
 from .timing import Rows, Timed, kernel_dtype
@@ -139,7 +139,7 @@ def redistribute(x, placements):
         _record(spec.mesh, dim, kind, f"redistribute {old!r}->{new!r}", tuple(x.shape), numel, eb, name)
         moved = True
     if moved and everywhere and graph is not None and not tracing() and hasattr(graph, "replicas"):
-        graph.replicas[graph.ident(base)] = len(graph.kernels) - 1
+        graph.replicas[uid(base)] = len(graph.kernels) - 1
     if everywhere:
         base._replicated = spec.mesh
     return wrap(x._value, spec)

@@ -38,7 +38,7 @@ from ...sim.engine import paused_gc
 from ...topology import current_machine
 from ...topology.kinds import kind_name
 from .. import stream
-from ..dispatch import dispatch, is_ahbm, root
+from ..dispatch import dispatch, is_ahbm, root, uid
 from ..stream import CAPTURE
 from ..tensor import AhbmTensor
 from ..timing import Timed
@@ -136,15 +136,15 @@ class Graph:
         self.plan = None
         self.cached = False           # timed from the cache: the same kernel runs simulated before
         self.retimed = False          # re-timed from a like graph simulated before (``_retime``)
-        self._writer: dict = {}       # id(root) -> kernels that last wrote it
-        self._readers: dict = {}      # id(root) -> kernels that read it since
-        self._slots: dict = {}        # id(tensor) -> Slot
-        self._keep: list = []         # tensors made or read inside (alive while capturing: ids stay theirs)
+        self._writer: dict = {}       # uid(root) -> kernels that last wrote it
+        self._readers: dict = {}      # uid(root) -> kernels that read it since
+        self._slots: dict = {}        # uid(tensor) -> Slot
         self._live: dict = {}         # slot index -> weakref of its tensor (outputs the program keeps)
-        self.readers: dict = {}       # id(root) -> kernels reading it (-1: an op without a kernel)
-        self._roots: dict = {}        # id(root) -> weakref of every buffer written
+        self.readers: dict = {}       # uid(root) -> kernels reading it (-1: an op without a kernel)
+        self._roots: dict = {}        # uid(root) -> weakref of every buffer written
         self.live_roots: set = set()  # buffers the program holds after capture (always written)
-        self.replicas: dict = {}      # id(root) -> the kernel that made its replicated copy (a gather)
+        self.replicas: dict = {}      # uid(root) -> the kernel that made its replicated copy (a gather)
+        self.last_use: dict = {}      # slot index -> the last node reading it
         self._token = None
 
     # -- capture -----------------------------------------------------------------------------
@@ -176,8 +176,7 @@ class Graph:
         for leaf in tree_flatten(out)[0]:
             if isinstance(leaf, torch.Tensor):
                 slot = Slot(len(self._live))
-                self._slots[id(leaf)] = slot
-                self._keep.append(leaf)
+                self._slots[uid(leaf)] = slot
                 self._live[slot.index] = weakref.ref(leaf)
                 node.outs.append(slot)
             else:
@@ -196,25 +195,18 @@ class Graph:
         self.kernels.append(Kernel(run, len(self.nodes), deps))
 
     def _slotted(self, x):
-        return tree_map(lambda v: self._slots.get(id(v), v) if isinstance(v, torch.Tensor) else v, x)
-
-    def ident(self, x) -> int:
-        """``id(x)``, with ``x`` held until the capture ends.
-
-        NOTE: the capture's tables are keyed by ``id``; a buffer that died mid-capture (a
-        temporary an op read, a gathered copy) would hand its id, and with it its writers,
-        readers and gathers, to whatever object took its address next: dependencies and
-        fusion would then hang on the allocation pattern of the process."""
-        self._keep.append(x)
-        return id(x)
+        return tree_map(lambda v: self._slots.get(getattr(v, "_uid", None), v) if isinstance(v, torch.Tensor) else v, x)
 
     def _link(self, node: Node, first: int, args, kwargs, out) -> None:
         """Dependencies of the node's kernels (``first`` on), and who now wrote what."""
-        reads = {self.ident(root(a)) for a in tree_flatten((args, kwargs))[0] if is_ahbm(a)}
+        reads = {uid(root(a)) for a in tree_flatten((args, kwargs))[0] if is_ahbm(a)}
         made = [root(o) for o in tree_flatten(out)[0] if is_ahbm(o)]
-        writes = {self.ident(r) for r in made}
+        writes = {uid(r) for r in made}
         if node.func.overloadpacket.__name__.endswith("_") and args and is_ahbm(args[0]):
-            writes.add(self.ident(root(args[0])))
+            writes.add(uid(root(args[0])))
+        for slot in tree_flatten((node.args, node.kwargs))[0]:
+            if isinstance(slot, Slot):
+                self.last_use[slot.index] = node.index
         # NOTE: a buffer read replicated after another op gathered it waits for that gather.
         gathered = {self.replicas[r] for r in reads if self.replicas.get(r, first) < first}
         before = frozenset().union(*(self._writer.get(r, ()) for r in reads), gathered)
@@ -225,7 +217,7 @@ class Graph:
         for r in reads:
             self.readers.setdefault(r, set()).add(mine[0] if mine else -1)
         for o in made + ([root(args[0])] if node.name.endswith("_") and args and is_ahbm(args[0]) else []):
-            self._roots.setdefault(id(o), weakref.ref(o))
+            self._roots.setdefault(uid(o), weakref.ref(o))
         if mine:
             self.kernels[mine[0]].reads = frozenset(reads)
             self.kernels[mine[-1]].writes = frozenset(writes)
@@ -244,8 +236,7 @@ class Graph:
             self.replicas.pop(w, None)
 
     def _finish_capture(self) -> None:
-        """Forget the tensors only the graph held: what stays alive is the program's."""
-        self._keep.clear()
+        """Forget the capture's tables: what stays alive is the program's."""
         self._slots.clear()
         self.live_roots = {r for r, ref in self._roots.items() if ref() is not None}
         self._writer.clear()
@@ -333,6 +324,10 @@ class Graph:
                     if slot is not None:
                         values[slot.index] = leaf
                         self._update(slot, leaf)
+                # NOTE: a value no later node reads is dropped (its HBM freed), as a memory planner frees at last use.
+                for v in tree_flatten((node.args, node.kwargs))[0]:
+                    if isinstance(v, Slot) and self.last_use.get(v.index) == node.index:
+                        values.pop(v.index, None)
         finally:
             CAPTURE.reset(token)
         self.run()
