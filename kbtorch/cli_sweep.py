@@ -120,12 +120,22 @@ def export(df, fmt: str, path: str) -> None:
     else:
         with open(path, "w") as fh:
             shown = df[[c for c in df.columns if not c.startswith("ns_") and c not in ("key", "wall_s", "events")]]
-            fh.write(_blank(shown).to_markdown(index=False, floatfmt=".4g") + "\n")
+            fh.write(_blank(shown).to_markdown(index=False, disable_numparse=True) + "\n")
 
 
 def _blank(df):
-    """Missing cells (a param another workload has) as empty cells, not ``nan``."""
-    return df.astype(object).where(df.notna(), "")
+    """The cells as text: missing cells (a param another workload has) empty, not ``nan``;
+    integers as integers (``37890``, not ``3.789e+04``), other numbers to 4 significant
+    digits, and at least to 0.1 from 1000 up (``27449.1`` ns)."""
+    return df.astype(object).where(df.notna(), "").map(_cell)
+
+
+def _cell(v) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if float(v).is_integer():
+        return str(int(v))
+    return f"{v:.1f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
 def _cmd_sweep(args, _machine):
@@ -160,7 +170,7 @@ def _text(df, data: dict, params: set) -> str:
     # NOTE: an OpRun's ``plan`` figure is hidden, a workload param of that name is not.
     hidden = {"key", "events", "wall_s"} | ({"plan"} - params)
     point_cols = [c for c in df.columns if c not in hidden and not c.startswith("ns_") and c not in SHOWN]
-    table = _blank(df[point_cols + [c for c in SHOWN if c in df.columns]]).to_markdown(index=False, floatfmt=".4g")
+    table = _blank(df[point_cols + [c for c in SHOWN if c in df.columns]]).to_markdown(index=False, disable_numparse=True)
     head = (f"sweep {data['spec']}: {data['points']} points ({data['ran']} run now, {data['reused']} reused from "
             f"{data['store']}) in {data['wall_s']:.1f} s; {len(data['failed'])} failed")
     lines = [head, "", table]

@@ -127,3 +127,12 @@ def test_the_tiny_plan_study_runs_on_a_system(tmp_path, capsys):
     assert rows.loc["tp_pp", "pct_pp_sends"] > 0 and rows.loc["ep", "pct_pp_sends"] == 0
     # NOTE: simulated times (deterministic): EP runs each chip's own experts at once.
     assert rows.loc["ep", "latency_ns"] < rows.loc["tp", "latency_ns"] < rows.loc["tp_pp", "latency_ns"]
+
+
+def test_sweep_tables_print_integers_as_integers():
+    pd = pytest.importorskip("pandas")
+    from kbtorch.cli_sweep import _blank
+    df = pd.DataFrame({"m": [4096, 8192], "ns": [37890.0, 27449.112], "pct": [97.1234, float("nan")]})
+    text = _blank(df).to_markdown(index=False, disable_numparse=True)
+    assert "37890 " in text and "27449.1 " in text and "97.12 " in text
+    assert "e+0" not in text and "nan" not in text
