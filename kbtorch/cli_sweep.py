@@ -1,8 +1,10 @@
 """``kbtorch sweep SPEC.toml``: run a design-space sweep (``kbtorch.sweep``), resumable, with a
 progress bar on stderr (silent under ``--json``), exports and plots. The spec and the outputs
 are checked before any point runs; a sweep whose points failed exits with status 1 and a
-summary of the failures by cause. Needs the ``[sweep]``
-extra (``pip install -e ".[sweep]"``); its modules are imported only when the command runs.
+summary of the failures by cause. Needs the ``sweep`` extra (a checkout:
+``pip install -e ".[sweep]"``; a wheel: ``pip install "kbtorch[sweep]"``).
+
+Its modules are imported only when the command runs.
 """
 from __future__ import annotations
 
@@ -20,11 +22,12 @@ SHOWN = ("latency_ns", "bottleneck", "pct_peak", "pct_bound", "error")
 
 def add_parser(sub, common) -> None:
     p = sub.add_parser("sweep", parents=[common], help="design-space sweep from a spec (needs the [sweep] extra)",
-                       description=__doc__.split("\n")[0])
+                       description=__doc__.split("\n\n")[0].replace("``", "'"))
     p.add_argument("spec", metavar="SPEC.toml", help="sweep spec: a path, or a shipped study by name (gemm_composite, ...; see docs/sweeps.md)")
     p.add_argument("--workers", type=_positive_int, help="worker processes (default: one per core; 1: in process)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask scheduler (e.g. tcp://host:8786)")
-    p.add_argument("--store", metavar="PATH", help="results database (default: SPEC.sqlite beside the spec)")
+    p.add_argument("--store", metavar="PATH", help="results database (default: SPEC.sqlite beside the spec; for a shipped study by name, "
+                   "in the current directory)")
     p.add_argument("--export", nargs=2, metavar=("csv|parquet|md", "PATH"), help="write every point's row to PATH")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     p.add_argument("--retry-failed", action="store_true", help="run the points stored as failed again")
