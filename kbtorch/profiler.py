@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from tabulate import tabulate
 
@@ -127,30 +128,60 @@ def _command_events(r, tracks: dict) -> list:
     return out
 
 
-class KeyAverages:
-    """Records grouped by op name, in the spirit of ``torch.profiler``'s key averages."""
+@dataclass(frozen=True)
+class OpAverage:
+    """The ops of one name (``key``), in the manner of ``torch.profiler``'s ``FunctionEventAvg``:
+    ``count`` calls, ``latency_ns`` in all (``device_time_total``: the same in us, as torch's)."""
 
-    COLUMNS = ("name", "calls", "latency_ns", "avg_ns", "pct", "tflops", "gbps", "kernel", "bottleneck")
+    key: str
+    count: int
+    latency_ns: float
+    avg_ns: float
+    pct: float
+    tflops: float
+    gbps: float
+    kernel: str
+    bottleneck: str
+
+    @property
+    def device_time_total(self) -> float:
+        return self.latency_ns / 1000
+
+    @property
+    def device_time(self) -> float:
+        return self.avg_ns / 1000
+
+
+class KeyAverages(list):
+    """The records grouped by op name, a list of ``OpAverage`` in order of first call, as
+    ``torch.profiler``'s ``key_averages()``; ``table()`` prints it."""
+
+    COLUMNS = ("key", "count", "latency_ns", "avg_ns", "pct", "tflops", "gbps", "kernel", "bottleneck")
+    #: torch.profiler's sort keys, as the columns they are here (one device: total = self).
+    ALIASES = {"name": "key", "calls": "count", "device_time_total": "latency_ns", "self_device_time_total": "latency_ns",
+               "cuda_time_total": "latency_ns", "self_cuda_time_total": "latency_ns", "device_time": "avg_ns"}
 
     def __init__(self, records: list):
         groups: dict = {}
         for r in records:
             groups.setdefault(r.name, []).append(r)
         total = sum(r.latency_ns for r in records) or 1.0
-        self.rows = []
+        rows = []
         for name, rs in groups.items():
             ns = sum(r.latency_ns for r in rs)
-            self.rows.append({"name": name, "calls": len(rs), "latency_ns": ns, "avg_ns": ns / len(rs),
-                              "pct": 100 * ns / total, "tflops": tflops(sum(r.flops for r in rs), ns),
-                              "gbps": sum(r.bytes for r in rs) / ns if ns else 0.0, "kernel": rs[0].kernel,
-                              "bottleneck": rs[-1].bottleneck})
+            rows.append(OpAverage(name, len(rs), ns, ns / len(rs), 100 * ns / total, tflops(sum(r.flops for r in rs), ns),
+                                  sum(r.bytes for r in rs) / ns if ns else 0.0, rs[0].kernel, rs[-1].bottleneck))
+        super().__init__(rows)
 
     def table(self, sort_by: str = "latency_ns", row_limit: int = 100) -> str:
-        if sort_by not in self.COLUMNS:
-            raise ValueError(f"sort_by '{sort_by}' is not a column ({', '.join(self.COLUMNS)})")
-        rows = sorted(self.rows, key=lambda r: r[sort_by], reverse=sort_by not in ("name", "kernel", "bottleneck"))
-        return tabulate([[r[c] for c in self.COLUMNS] for r in rows[:row_limit]], headers=self.COLUMNS,
-                        floatfmt=".2f")
+        """The rows sorted by ``sort_by`` (a column or a torch.profiler sort key), largest first."""
+        column = self.ALIASES.get(sort_by, sort_by)
+        if column not in self.COLUMNS:
+            raise ValueError(f"sort_by '{sort_by}' is not a column ({', '.join(self.COLUMNS)}) or a torch.profiler "
+                             f"sort key ({', '.join(self.ALIASES)})")
+        rows = sorted(self, key=lambda r: getattr(r, column), reverse=column not in ("key", "kernel", "bottleneck"))
+        return tabulate([[getattr(r, c) for c in self.COLUMNS] for r in rows[:row_limit]],
+                        headers=("name", "calls", *self.COLUMNS[2:]), floatfmt=".2f")
 
 
 @contextmanager

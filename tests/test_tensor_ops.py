@@ -117,6 +117,12 @@ def test_profile_table_and_chrome_trace(tmp_path, gen):
     assert "aten::addmm" in table and "aten::silu" in table and "bottleneck" in table
     with pytest.raises(ValueError, match="sort_by"):
         prof.key_averages().table(sort_by="nope")
+    # NOTE: iterable as torch.profiler's key averages, with its attribute and sort-key names.
+    avgs = {e.key: e for e in prof.key_averages()}
+    assert {"aten::addmm", "aten::silu"} <= set(avgs) and all(e.count == 1 for e in avgs.values())
+    assert avgs["aten::addmm"].device_time_total == pytest.approx(prof.records[0].latency_ns / 1000)
+    by_time = prof.key_averages().table(sort_by="self_device_time_total", row_limit=1)
+    assert by_time.count("aten::") == 1 and max(avgs.values(), key=lambda e: e.latency_ns).key in by_time
     path = tmp_path / "trace.json"
     prof.export_chrome_trace(str(path))
     events = json.loads(path.read_text())["traceEvents"]
