@@ -61,6 +61,8 @@ def parse(argv):
                     help="the KV cache: DynamicCache (default) or StaticCache")
     ap.add_argument("--kernels", choices=("fused", "eager"), default="fused",
                     help="RMSNorm as one fused op (default) or the layers' eager op chain")
+    ap.add_argument("--attn", choices=("auto", "eager", "sdpa"), default="auto",
+                    help="attention: sdpa where the model class supports it, else eager (auto, default), or forced")
     ap.add_argument("--mode", choices=("eager", "graph", "both"), default="eager",
                     help="eager: op by op on one stream; graph: each forward captured and timed as one graph "
                          "(kbtorch.graphed: overlap, fusion, one launch; a step with the shapes of an earlier one "
@@ -110,11 +112,13 @@ def bound(args) -> None:
     """Refuse sizes the model or the host cannot hold, before anything is built: positions
     against the model's ``max_position_embeddings``, the hidden states of the whole batch
     against ``KBTORCH_MAX_TENSOR_ELEMENTS``."""
-    cfg = config(TINY.get(args.model, args.model))
+    cfg = config(TINY.get(args.model, args.model), args.attn)
     positions = args.prompt_len + args.new_tokens
-    if positions > cfg.max_position_embeddings:
+    # NOTE: a model without max_position_embeddings (bloom's ALiBi) has no bound on positions.
+    most = getattr(cfg.get_text_config(), "max_position_embeddings", None)
+    if most is not None and positions > most:
         raise ValueError(f"arguments --prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} = {positions} "
-                         f"positions exceed {args.model}'s max_position_embeddings of {cfg.max_position_embeddings}")
+                         f"positions exceed {args.model}'s max_position_embeddings of {most}")
     limits.check("elements", args.batch * positions * cfg.hidden_size,
                  f"arguments --batch {args.batch} x {positions} positions x hidden size {cfg.hidden_size} "
                  f"of {args.model}")
@@ -183,7 +187,7 @@ def run(args, graph: bool = False):
     name = TINY.get(args.model, args.model)
     dtype = torch.bfloat16 if args.timing_only else torch.float32
     data = kbtorch.timing_only if args.timing_only else nullcontext
-    model, ref = build(name, dtype, timing_only=args.timing_only)
+    model, ref = build(name, dtype, timing_only=args.timing_only, attn=args.attn)
     vocab = model.config.vocab_size
     ids = torch.randint(2, vocab, (args.batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
