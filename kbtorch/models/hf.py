@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import types
 
 import torch
@@ -89,6 +90,9 @@ def config(name: str, attn: str = "auto"):
     attention implementation (``attention``)."""
     import os
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if importlib.util.find_spec("transformers") is None:
+        raise ValueError(f"model '{name}': Hugging Face models need the optional extra 'hf' (transformers): "
+                         f"pip install -e \".[hf]\" (a clone) or pip install \"kbtorch[hf]\" (a wheel)")
     import transformers
     if name in CONFIGS or name.removeprefix("tiny-") in TINY_EXTRA and name.startswith("tiny-"):
         if name in CONFIGS:
