@@ -61,11 +61,14 @@ def parse(argv):
                     help="the KV cache: DynamicCache (default) or StaticCache")
     ap.add_argument("--kernels", choices=("fused", "eager"), default="fused",
                     help="RMSNorm as one fused op (default) or the layers' eager op chain")
+    ap.add_argument("--attn", choices=("auto", "eager", "sdpa"), default="auto",
+                    help="attention: sdpa where the model class supports it, else eager (auto, default), or forced")
     ap.add_argument("--mode", choices=("eager", "graph", "both"), default="eager",
                     help="eager: op by op on one stream; graph: each forward captured and timed as one graph "
                          "(kbtorch.graphed: overlap, fusion, one launch; a step with the shapes of an earlier one "
                          "is not simulated again); both: side by side")
-    ap.add_argument("--check", action="store_true", help="tiny models: logits and tokens against CPU")
+    ap.add_argument("--check", action="store_true", help="tiny models: every step's logits (max abs difference within "
+                    "the dtype's tolerance) and the greedy tokens against CPU; exit 1 if they differ")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--topology", metavar="NAME|PATH", help="the machine (default: $KBTORCH_TOPOLOGY or ahbm)")
     ap.add_argument("--tp", type=int, metavar="N", help="tensor parallel across N chips and every PE of each "
@@ -110,11 +113,13 @@ def bound(args) -> None:
     """Refuse sizes the model or the host cannot hold, before anything is built: positions
     against the model's ``max_position_embeddings``, the hidden states of the whole batch
     against ``KBTORCH_MAX_TENSOR_ELEMENTS``."""
-    cfg = config(TINY.get(args.model, args.model))
+    cfg = config(TINY.get(args.model, args.model), args.attn)
     positions = args.prompt_len + args.new_tokens
-    if positions > cfg.max_position_embeddings:
+    # NOTE: a model without max_position_embeddings (bloom's ALiBi) has no bound on positions.
+    most = getattr(cfg.get_text_config(), "max_position_embeddings", None)
+    if most is not None and positions > most:
         raise ValueError(f"arguments --prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} = {positions} "
-                         f"positions exceed {args.model}'s max_position_embeddings of {cfg.max_position_embeddings}")
+                         f"positions exceed {args.model}'s max_position_embeddings of {most}")
     limits.check("elements", args.batch * positions * cfg.hidden_size,
                  f"arguments --batch {args.batch} x {positions} positions x hidden size {cfg.hidden_size} "
                  f"of {args.model}")
@@ -183,7 +188,7 @@ def run(args, graph: bool = False):
     name = TINY.get(args.model, args.model)
     dtype = torch.bfloat16 if args.timing_only else torch.float32
     data = kbtorch.timing_only if args.timing_only else nullcontext
-    model, ref = build(name, dtype, timing_only=args.timing_only)
+    model, ref = build(name, dtype, timing_only=args.timing_only, attn=args.attn)
     vocab = model.config.vocab_size
     ids = torch.randint(2, vocab, (args.batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
@@ -199,7 +204,7 @@ def run(args, graph: bool = False):
     expect = None
     if args.check:
         with torch.no_grad():
-            expect = ref.generate(ids, attention_mask=mask, **gen)
+            expect = ref.generate(ids, attention_mask=mask, **gen, output_logits=True, return_dict_in_generate=True)
     with data():
         if args.ep or args.pp:
             model.to("ahbm")
@@ -213,7 +218,8 @@ def run(args, graph: bool = False):
     if graph:
         kbtorch.graphed(model)
     with data(), torch.no_grad(), kbtorch.profile() as prof, kbtorch.home(where) if where else nullcontext():
-        out = model.generate(ids.to("ahbm"), attention_mask=mask.to("ahbm"), **gen)
+        out = model.generate(ids.to("ahbm"), attention_mask=mask.to("ahbm"), **gen, output_logits=args.check,
+                             return_dict_in_generate=True)
     return prof, clock, out, expect, model
 
 
@@ -229,6 +235,20 @@ def step_bytes(model, batch: int, context: int) -> int:
                   for n, p in model.named_parameters() if "embed_tokens" not in n)
     kv = sum(nbytes for _, _, nbytes in kv_cache(cfg, batch, context, next(model.parameters()).element_size()))
     return round(weights) + kv
+
+
+#: atol of the logits against CPU, by the weights' dtype (--check runs in float32).
+LOGIT_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 5e-2}
+
+
+def compare(out, expect) -> dict:
+    """``--check``: the greedy tokens and every step's logits on ahbm against CPU."""
+    got, want = torch.stack([t.cpu() for t in out.logits]), torch.stack(expect.logits)
+    diff = (got - want).abs().max().item()
+    tol = LOGIT_TOLERANCE[want.dtype]
+    same = bool(torch.equal(out.sequences.cpu(), expect.sequences))
+    return {"tokens_match_cpu": same, "max_abs_logit_diff": diff, "logit_tolerance": tol,
+            "matches_cpu": same and diff <= tol}
 
 
 def report(args, prof, clock, out, expect, model, wall: float) -> dict:
@@ -254,7 +274,7 @@ def report(args, prof, clock, out, expect, model, wall: float) -> dict:
            "ops": [{"name": r.name, "latency_ns": r.latency_ns, "bottleneck": r.bottleneck}
                    for r in sorted(prof.records, key=lambda r: -r.latency_ns)[:20]]}
     if expect is not None:
-        rec["tokens_match_cpu"] = bool(torch.equal(out.cpu(), expect))
+        rec.update(compare(out, expect))
     graphs = getattr(model.forward, "graphs", None)
     rec["mode"] = "graph" if graphs else "eager"
     if graphs:
@@ -283,7 +303,7 @@ def both(args) -> int:
         last = [recs[m]["decode_steps"][-1]["pct_hbm_roofline"] if recs[m]["decode_steps"] else 0.0
                 for m in ("eager", "graph")]
         print(f"{'last step, % HBM roofline':28}{last[0]:14.1f}{last[1]:14.1f}")
-    return 0 if all(r.get("tokens_match_cpu", True) for r in recs.values()) else 1
+    return 0 if all(r.get("matches_cpu", True) for r in recs.values()) else 1
 
 
 def main(argv=None) -> int:
@@ -301,7 +321,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     prof, clock, out, expect, model = run(args, graph=args.mode == "graph")
     rec = report(args, prof, clock, out, expect, model, time.perf_counter() - t0)
-    ok = rec.get("tokens_match_cpu", True)
+    ok = rec.get("matches_cpu", True)
     if args.json:
         print(json.dumps(rec))
         return 0 if ok else 1
@@ -323,7 +343,10 @@ def main(argv=None) -> int:
               f"{rec['graphs']['retimed']} re-timed from a like graph (the others replayed their timing; "
               f"{rec['graphs']['replayed']} static steps without host work)")
     if expect is not None:
-        print(f"greedy tokens match CPU: {ok}")
+        print(f"against CPU: greedy tokens match: {rec['tokens_match_cpu']}; max abs logit difference "
+              f"{rec['max_abs_logit_diff']:.3g} (tolerance {rec['logit_tolerance']:.3g})")
+        if not ok:
+            print(f"error: {args.model} on ahbm differs from CPU beyond the tolerance", file=sys.stderr)
     return 0 if ok else 1
 
 

@@ -51,7 +51,8 @@ def _seconds(text: str) -> float:
 def _check_extras(args) -> None:
     missing = [m for m in ("dask", "distributed", "pandas", "tqdm", "matplotlib") if importlib.util.find_spec(m) is None]
     if missing:
-        raise ValueError(f"kbtorch sweep needs {', '.join(missing)}: pip install -e \".[sweep]\"")
+        raise ValueError(f"kbtorch sweep needs {', '.join(missing)} (the optional extra 'sweep'): "
+                         f"pip install -e \".[sweep]\" (a clone) or pip install \"kbtorch[sweep]\" (a wheel)")
     if args.export:
         fmt = args.export[0]
         if fmt not in EXPORTS:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import types
 
 import torch
@@ -82,12 +83,16 @@ TINY_EXTRA = {
 EOS = 1
 
 
-def config(name: str):
+def config(name: str, attn: str = "auto"):
     """The transformers config of ``name``: a preset (a key of ``CONFIGS``, or ``tiny-FAMILY``
     of ``TINY_EXTRA``), a config.json, or a local snapshot folder holding one. Never a
-    download: files are read with ``local_files_only`` and HF_HUB_OFFLINE set."""
+    download: files are read with ``local_files_only`` and HF_HUB_OFFLINE set. ``attn``: the
+    attention implementation (``attention``)."""
     import os
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if importlib.util.find_spec("transformers") is None:
+        raise ValueError(f"model '{name}': Hugging Face models need the optional extra 'hf' (transformers): "
+                         f"pip install -e \".[hf]\" (a clone) or pip install \"kbtorch[hf]\" (a wheel)")
     import transformers
     if name in CONFIGS or name.removeprefix("tiny-") in TINY_EXTRA and name.startswith("tiny-"):
         if name in CONFIGS:
@@ -98,8 +103,10 @@ def config(name: str):
         if model_type == "mixtral":
             # NOTE: the experts loop (routing by topk, dispatch by index ops), not grouped_mm.
             args = dict(args, experts_implementation="eager")
-        return transformers.AutoConfig.for_model(model_type, **args, attn_implementation="sdpa", eos_token_id=EOS,
-                                                 pad_token_id=0, bos_token_id=EOS, tie_word_embeddings=False)
+        cfg = transformers.AutoConfig.for_model(model_type, **args, eos_token_id=EOS, pad_token_id=0,
+                                                bos_token_id=EOS, tie_word_embeddings=False)
+        cfg._attn_implementation = attention(cfg, attn)
+        return cfg
     path = os.path.expanduser(name)
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
         raise ValueError(f"model '{name}': the folder has no config.json")
@@ -110,15 +117,29 @@ def config(name: str):
         cfg = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ValueError(f"model '{name}': {str(exc).splitlines()[0]}") from None
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = attention(cfg, attn)
     return cfg
 
 
-def build(name: str, dtype=torch.float32, timing_only: bool = False, seed: int = 0):
-    """(model on CPU or meta, CPU copy for a check or None), in eval mode: any causal LM
-    ``AutoModelForCausalLM`` builds from the config of ``name`` (see ``config``)."""
+def attention(cfg, attn: str = "auto") -> str:
+    """The attention implementation of ``cfg``'s causal LM: ``"eager"``, ``"sdpa"``, or for
+    ``"auto"`` sdpa where the model class supports it (``_supports_sdpa``), else eager
+    (bloom, gemma2, gpt_oss)."""
     import transformers
-    cfg = config(name)
+    if attn not in ("auto", "eager", "sdpa"):
+        raise ValueError(f"argument --attn: '{attn}' is not auto, eager or sdpa")
+    if attn != "auto":
+        return attn
+    cls = transformers.AutoModelForCausalLM._model_mapping.get(type(cfg), None)
+    return "sdpa" if cls is not None and getattr(cls, "_supports_sdpa", False) else "eager"
+
+
+def build(name: str, dtype=torch.float32, timing_only: bool = False, seed: int = 0, attn: str = "auto"):
+    """(model on CPU or meta, CPU copy for a check or None), in eval mode: any causal LM
+    ``AutoModelForCausalLM`` builds from the config of ``name`` (see ``config``; ``attn``: the
+    attention implementation, ``attention``)."""
+    import transformers
+    cfg = config(name, attn)
     if timing_only:
         with torch.device("meta"):
             return transformers.AutoModelForCausalLM.from_config(cfg).to(dtype).eval(), None
@@ -192,13 +213,19 @@ def place_plan(model, tp: int | None = None, dp: int = 1) -> tuple:
 
 def kv_cache(cfg, batch: int, positions: int, eb: int) -> list:
     """The key and value tensors a KV cache of ``batch`` x ``positions`` holds for every
-    layer of ``cfg``: ``(name, shape, bytes)``. NOTE: multi-head latent attention
-    (DeepSeek-V3) caches keys of ``qk_head_dim`` and values of ``v_head_dim`` per head."""
-    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    dims = {"keys": getattr(cfg, "qk_head_dim", head), "values": getattr(cfg, "v_head_dim", head)}
-    return [(f"cache.layers.{i}.{kind}", shape, eb * batch * cfg.num_key_value_heads * positions * dim)
-            for i in range(cfg.num_hidden_layers) for kind, dim in dims.items()
-            for shape in [(batch, cfg.num_key_value_heads, positions, dim)]]
+    layer of ``cfg``: ``(name, shape, bytes)``. NOTE: read through transformers' own accessors
+    (``get_text_config`` and each config's ``attribute_map``: GPT-2's ``n_head`` is
+    ``num_attention_heads``), so any causal LM config answers; a config without
+    ``num_key_value_heads`` caches every attention head (multi-head attention). Multi-head
+    latent attention (DeepSeek-V3) caches keys of ``qk_head_dim`` and values of ``v_head_dim``."""
+    text = cfg.get_text_config()
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head = getattr(text, "head_dim", None) or text.hidden_size // heads
+    dims = {"keys": getattr(text, "qk_head_dim", head), "values": getattr(text, "v_head_dim", head)}
+    return [(f"cache.layers.{i}.{kind}", shape, eb * batch * kv_heads * positions * dim)
+            for i in range(text.num_hidden_layers) for kind, dim in dims.items()
+            for shape in [(batch, kv_heads, positions, dim)]]
 
 
 def check_cache_fits(model, batch: int, positions: int) -> None:
