@@ -186,6 +186,7 @@ def run(args, graph: bool = False):
     """(profile, step clock, generated ids on ahbm, CPU reference ids or None, model);
     ``graph``: every forward captured and timed as one graph (``kbtorch.graphed``)."""
     name = TINY.get(args.model, args.model)
+    kbtorch.reset_hbm_peaks()
     dtype = torch.bfloat16 if args.timing_only else torch.float32
     data = kbtorch.timing_only if args.timing_only else nullcontext
     model, ref = build(name, dtype, timing_only=args.timing_only, attn=args.attn)
@@ -279,8 +280,35 @@ def report(args, prof, clock, out, expect, model, wall: float) -> dict:
     rec["mode"] = "graph" if graphs else "eager"
     if graphs:
         rec["graphs"] = dict(graphs)
+    rec["hbm_peak_bytes"] = kbtorch.hbm_peaks()
     rec["wall_s"] = wall
     return rec
+
+
+def hbm_text(peaks: dict) -> str:
+    """Each chip's peak modelled HBM (its fullest HBM node), chips of one peak together."""
+    groups: dict = {}
+    for chip, nbytes in sorted(peaks.items()):
+        groups.setdefault(nbytes, []).append(chip)
+    parts = [f"chip{'s' if len(c) > 1 else ''} {c[0]}{f'-{c[-1]}' if len(c) > 1 else ''}: {_size(b)}"
+             for b, c in groups.items()]
+    return "peak modelled HBM per chip (fullest HBM node): " + "; ".join(parts)
+
+
+def _size(nbytes: int) -> str:
+    scale, unit = next(((s, u) for s, u in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")) if nbytes >= s), (1, "bytes"))
+    return f"{nbytes / scale:.2f} {unit}" if scale > 1 else f"{nbytes} bytes"
+
+
+def steps_text(steps: list) -> list:
+    """The decode steps: each of up to 3, else the first, the last and the mean."""
+    line = "  decode step, context {context}: {us:.1f} us, {pct:.1f}% of the HBM roofline"
+    rows = [(str(s["context"]), s["ns"], s["pct_hbm_roofline"]) for s in steps]
+    if len(rows) > 3:
+        mean = (f"{rows[0][0]}-{rows[-1][0]} (mean of {len(rows)})", sum(r[1] for r in rows) / len(rows),
+                sum(r[2] for r in rows) / len(rows))
+        rows = [rows[0], rows[-1], mean]
+    return [line.format(context=c, us=ns / 1e3, pct=pct) for c, ns, pct in rows]
 
 
 def both(args) -> int:
@@ -303,6 +331,8 @@ def both(args) -> int:
         last = [recs[m]["decode_steps"][-1]["pct_hbm_roofline"] if recs[m]["decode_steps"] else 0.0
                 for m in ("eager", "graph")]
         print(f"{'last step, % HBM roofline':28}{last[0]:14.1f}{last[1]:14.1f}")
+        for mode in ("eager", "graph"):
+            print(f"{mode}: {hbm_text(recs[mode]['hbm_peak_bytes'])}")
     return 0 if all(r.get("matches_cpu", True) for r in recs.values()) else 1
 
 
@@ -331,13 +361,12 @@ def main(argv=None) -> int:
           f"{rec['wall_s']:.1f} s wall)")
     print(f"plan on {kbtorch.current_machine().name}: {rec['plan']}")
     print(f"time to first token (prefill): {rec['ttft_ns'] / 1e3:.1f} us")
-    for s in rec["decode_steps"]:
-        print(f"  decode step, context {s['context']}: {s['ns'] / 1e3:.1f} us, "
-              f"{s['pct_hbm_roofline']:.1f}% of the HBM roofline")
+    print("\n".join(steps_text(rec["decode_steps"])))
     print(f"collectives (redistributions): {100 * rec['collective_share']:.1f}% of the recorded kernel time")
     if rec["tpot_ns"]:
         print(f"time per output token: {rec['tpot_ns'] / 1e3:.1f} us = {rec['decode_tokens_per_s']:.0f} tokens/s "
               f"(batch {args.batch}); {rec['tokens_per_s']:.0f} tokens/s over the whole generate()")
+    print(hbm_text(rec["hbm_peak_bytes"]))
     if rec.get("graphs"):
         print(f"graph mode: {rec['graphs']['calls']} forward calls, {rec['graphs']['simulated']} graphs simulated, "
               f"{rec['graphs']['retimed']} re-timed from a like graph (the others replayed their timing; "

@@ -37,3 +37,15 @@ def test_config_json_family_checks_against_cpu(family, tmp_path, capsys):
     rec = json.loads(capsys.readouterr().out)
     assert rec["tokens_match_cpu"] and rec["max_abs_logit_diff"] <= rec["logit_tolerance"], rec
     assert rc == 0
+
+
+def test_peak_modelled_hbm_per_chip_in_eager_and_graph_mode(capsys):
+    """Each chip's peak modelled HBM is reported in both modes; graph mode frees at last use,
+    so its peak stays near eager's (it held every buffer of a capture before)."""
+    rc = _main()(["--model", "tiny-llama", "--topology", "tests/data/tiny_system.toml", "--prompt-len", "8",
+                  "--new-tokens", "2", "--mode", "both", "--json"])
+    recs = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    eager, graph = (recs[m]["hbm_peak_bytes"] for m in ("eager", "graph"))
+    assert sorted(map(int, eager)) == [0, 1, 2, 3] and all(v > 0 for v in eager.values())
+    assert all(graph[c] <= 1.1 * eager[c] for c in eager), (eager, graph)
