@@ -57,7 +57,8 @@ def run_hf(args):
         from transformers import Qwen2Config as HFConfig
         from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
     except ImportError as exc:
-        raise SystemExit(f"--hf needs the optional extra 'transformers' (pip install -e '.[hf]'): {exc}")
+        raise SystemExit(f"--hf needs the optional extra 'hf' (transformers): pip install -e \".[hf]\" in a checkout, "
+                         f"pip install \"kbtorch[hf]\" for a wheel ({exc})")
     if args.seq is None:
         raise SystemExit("--hf runs prefill: give --seq S")
     from .qwen2 import CONFIGS
