@@ -49,3 +49,20 @@ def test_peak_modelled_hbm_per_chip_in_eager_and_graph_mode(capsys):
     eager, graph = (recs[m]["hbm_peak_bytes"] for m in ("eager", "graph"))
     assert sorted(map(int, eager)) == [0, 1, 2, 3] and all(v > 0 for v in eager.values())
     assert all(graph[c] <= 1.1 * eager[c] for c in eager), (eager, graph)
+
+
+def test_missing_extras_are_one_line_naming_both_installs(monkeypatch, capsys):
+    """Without transformers (the 'hf' extra) or the sweep's libraries, the user gets one line
+    naming the extra and the install command for a clone and for a wheel, no traceback."""
+    import importlib.util
+    from kbtorch.cli import main
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("transformers", "dask") else real(name, *a))
+    from kbtorch.models.hf import config
+    with pytest.raises(ValueError, match=r"optional extra 'hf'.*pip install -e \"\.\[hf\]\".*pip install \"kbtorch\[hf\]\""):
+        config("tiny-llama")
+    rc = main(["sweep", "qwen_layer"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "'sweep'" in err and 'pip install -e ".[sweep]"' in err and 'pip install "kbtorch[sweep]"' in err
