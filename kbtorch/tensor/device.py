@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..topology import current_machine
-from .hbm import hbm_book
+from .hbm import hbm_book, hbm_peaks, reset_hbm_peaks
 from .module import apply_all_or_nothing
 from .placement.spec import default_spec
 from .tensor import DEVICE, AhbmTensor, is_timing_only
@@ -65,10 +65,9 @@ def _memory_stats() -> None:
     ``reset_peak_memory_stats()``, as ``torch.cuda``'s: the bytes of the fullest HBM node of
     the current machine, now and at its peak (per chip: ``kbtorch.hbm_peaks()``)."""
     mod = torch.get_device_module(DEVICE)
-    nodes = lambda: hbm_book(current_machine()).nodes.values()  # noqa: E731
-    mod.memory_allocated = lambda device=None: max((a.used_bytes for a in nodes()), default=0)
-    mod.max_memory_allocated = lambda device=None: max((a.peak_bytes for a in nodes()), default=0)
-    mod.reset_peak_memory_stats = lambda device=None: hbm_book(current_machine()).reset_peaks()
+    mod.memory_allocated = lambda device=None: max(a.used_bytes for a in hbm_book(current_machine()).nodes.values())
+    mod.max_memory_allocated = lambda device=None: max(hbm_peaks().values())
+    mod.reset_peak_memory_stats = lambda device=None: reset_hbm_peaks()
 
 
 def _available() -> bool:

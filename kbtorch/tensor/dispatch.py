@@ -166,10 +166,14 @@ def dispatch(cls, func, args, kwargs):
        (``aten.mm``). SDPA arrives here as ``aten.scaled_dot_product_attention.default``
        from ``AhbmTensor.__torch_function__``, which only forwards to this function (torch
        would otherwise lower it by backend before dispatch sees it);
+       An ``out=`` overload without a handler of its own runs its functional overload,
+       the result written into ``out`` (``_out_variant``); values that are fake tensors
+       (dynamo's fake pass) get their result's shape only, no kernels (``_fake_pass``);
     3. no handler: a composite op (one with a CompositeImplicitAutograd kernel, e.g.
        ``linear``, ``matmul``, ``reshape``, ``chunk``, ``layer_norm`` reaching dispatch
        whole in inference mode) runs as its aten decomposition (each part dispatched
-       again); anything else raises NotImplementedError naming the op;
+       again), a ``torch.library.custom_op`` runs its Python body; anything else raises
+       NotImplementedError naming the op;
     4. the handler runs with the cyclic garbage collector paused (``paused_gc``: its kernel
        builds make many small acyclic objects, 14% of Llama-3-70B's prefill in collections);
     5. the handler's ``Out``: its kernels are recorded on the stream in order (inputs it
@@ -210,8 +214,13 @@ def dispatch(cls, func, args, kwargs):
 
 
 def _fake(args, kwargs) -> bool:
-    """Whether an op's values are fake tensors: dynamo's fake pass (torch.compile) is tracing."""
-    return any(is_ahbm(x) and isinstance(x._value, FakeTensor) for x in leaves(args) + leaves(kwargs))
+    """Whether an op's values are fake tensors: dynamo's fake pass (torch.compile) is tracing.
+
+    NOTE: on every op: the first ahbm tensor tells (one op never mixes fake and real values)."""
+    first = next((x for x in leaves(args) if is_ahbm(x)), None)
+    if first is None:
+        first = next((x for x in leaves(kwargs) if is_ahbm(x)), None)
+    return first is not None and isinstance(first._value, FakeTensor)
 
 
 def _fake_pass(cls, func, args, kwargs, machine):

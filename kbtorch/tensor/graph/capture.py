@@ -144,7 +144,8 @@ class Graph:
         self._roots: dict = {}        # uid(root) -> weakref of every buffer written
         self.live_roots: set = set()  # buffers the program holds after capture (always written)
         self.replicas: dict = {}      # uid(root) -> the kernel that made its replicated copy (a gather)
-        self.last_use: dict = {}      # slot index -> the last node reading it
+        self._last_use: dict = {}     # slot index -> the last node reading it (while capturing)
+        self._frees: dict = {}        # node index -> the slots it reads last (dropped after it in replay)
         self._token = None
 
     # -- capture -----------------------------------------------------------------------------
@@ -206,7 +207,7 @@ class Graph:
             writes.add(uid(root(args[0])))
         for slot in tree_flatten((node.args, node.kwargs))[0]:
             if isinstance(slot, Slot):
-                self.last_use[slot.index] = node.index
+                self._last_use[slot.index] = node.index
         # NOTE: a buffer read replicated after another op gathered it waits for that gather.
         gathered = {self.replicas[r] for r in reads if self.replicas.get(r, first) < first}
         before = frozenset().union(*(self._writer.get(r, ()) for r in reads), gathered)
@@ -238,6 +239,9 @@ class Graph:
     def _finish_capture(self) -> None:
         """Forget the capture's tables: what stays alive is the program's."""
         self._slots.clear()
+        for slot, node in self._last_use.items():
+            self._frees.setdefault(node, []).append(slot)
+        self._last_use.clear()
         self.live_roots = {r for r, ref in self._roots.items() if ref() is not None}
         self._writer.clear()
         self._readers.clear()
@@ -325,9 +329,8 @@ class Graph:
                         values[slot.index] = leaf
                         self._update(slot, leaf)
                 # NOTE: a value no later node reads is dropped (its HBM freed), as a memory planner frees at last use.
-                for v in tree_flatten((node.args, node.kwargs))[0]:
-                    if isinstance(v, Slot) and self.last_use.get(v.index) == node.index:
-                        values.pop(v.index, None)
+                for slot in self._frees.get(node.index, ()):
+                    values.pop(slot, None)
         finally:
             CAPTURE.reset(token)
         self.run()

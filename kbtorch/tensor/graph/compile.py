@@ -21,6 +21,7 @@ compiled, with its input shapes, and the graph first compiled from the same code
 from __future__ import annotations
 
 import logging
+import re
 
 import torch
 
@@ -53,7 +54,6 @@ def _check_on_device(gm, example_inputs) -> None:
 def _readable(source: str) -> str:
     """A dynamo source as the user names it: ``L['self']._modules['model']._parameters['weight']``
     -> ``parameter model.weight``; ``L['x']`` -> ``argument x``."""
-    import re
     kind = next((k for k in ("parameter", "buffer") if f"._{k}s[" in source), None)
     path = re.sub(r"\._(?:modules|parameters|buffers)\['([^']+)'\]", r".\1", source)
     path = re.sub(r"^L\['(?:self|fn|mod)'\]\.|^L\['args'\]\[0\]\.", "", path)
