@@ -42,6 +42,9 @@ LAYERS = (
     (10, "cli", ("kbtorch.cli", "kbtorch.cli_*", "kbtorch.__main__")),
 )
 
+#: the group of the op families: each family its own group (``_rank``).
+FAMILY = "<family>"
+
 #: The order inside a layer's package, as ``LAYERS`` one level down: a module imports its own
 #: group and lower ranks; ``package`` (the package root alone) imports all of them.
 #: - tensor: placements and meshes are data; the core (the stream, dispatch and its timing
@@ -61,10 +64,7 @@ INNER = {
     ),
     "ops": (
         (0, "contract", ("kbtorch.ops.contract", "kbtorch.ops.layout")),
-        (1, "attention", ("kbtorch.ops.attention*",)),
-        (1, "collective", ("kbtorch.ops.collective*",)),
-        (1, "gemm", ("kbtorch.ops.gemm*",)),
-        (1, "vector", ("kbtorch.ops.vector",)),
+        (1, FAMILY, ("kbtorch.ops.*",)),
         (2, "package", ("kbtorch.ops",)),
     ),
 }
@@ -140,7 +140,11 @@ def _rank(module: str, table: tuple) -> tuple | None:
     The groups ``api`` and ``package`` name their package root alone."""
     found = [(len(p), rank, group) for rank, group, patterns in table for p in patterns
              if _matches(module, p, group in ("api", "package"))]
-    return max(found)[1:] if found else None
+    if not found:
+        return None
+    rank, group = max(found)[1:]
+    # NOTE: an op family is its files, named by their first word (gemm, gemm_plan, ...), or a package.
+    return rank, module.split(".")[2].split("_")[0] if group == FAMILY else group
 
 
 def _layer(module: str) -> tuple | None:

@@ -98,6 +98,11 @@ class AhbmTensor(torch.Tensor):
         return self._spec.placements
 
     @property
+    def device_mesh(self):
+        """The mesh this tensor is placed on (as DTensor's ``device_mesh``)."""
+        return self._spec.mesh
+
+    @property
     def machine(self):
         """The machine this tensor lives on."""
         return self._spec.mesh.machine
