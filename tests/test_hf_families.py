@@ -18,6 +18,25 @@ FAMILIES = {
     "bloom": dict(n_layer=2, n_head=4), "gemma2": dict(num_key_value_heads=2, head_dim=16),
     "gpt_oss": dict(num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2),
     "llama": dict(num_key_value_heads=2), "qwen2": dict(num_key_value_heads=2),
+    "cohere": {}, "falcon": dict(num_kv_heads=2, new_decoder_architecture=True),
+    "gemma3_text": dict(num_key_value_heads=2, head_dim=16), "granite": {}, "mpt": dict(d_model=64, n_heads=4, n_layers=2),
+    "mistral": dict(num_key_value_heads=2, head_dim=16), "mixtral": dict(num_key_value_heads=2, num_local_experts=4,
+                                                                         num_experts_per_tok=2),
+    "olmoe": dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2), "phi3": {},
+    "qwen3": dict(num_key_value_heads=2, head_dim=16), "qwen3_moe": dict(num_key_value_heads=2, num_experts=4,
+                                                                         num_experts_per_tok=2, moe_intermediate_size=32,
+                                                                         head_dim=16),
+    "stablelm": dict(num_key_value_heads=2), "starcoder2": {},
+    # complex rotary embeddings (torch.polar, complex multiplies): MLA with q_lora_rank null
+    "deepseek_v2": dict(q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                        n_shared_experts=1, num_key_value_heads=4, topk_method="greedy", n_group=1, topk_group=1),
+    # state-space layers: the depthwise causal Conv1d (aten.convolution), weightless RMSNorms
+    "mamba": dict(state_size=8, expand=2, conv_kernel=4, time_step_rank=8),
+    "falcon_mamba": dict(state_size=8, expand=2, conv_kernel=4, time_step_rank=8),
+    "jamba": dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, expert_layer_period=2,
+                  attn_layer_period=2, attn_layer_offset=1, mamba_d_state=8, mamba_expand=2, mamba_d_conv=4,
+                  mamba_dt_rank=8, use_mamba_kernels=False),
 }
 
 

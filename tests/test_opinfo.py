@@ -25,7 +25,8 @@ SAMPLES = 3
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int64, torch.int32, torch.bool)
 #: composite ops (no handler of their own) that run as their aten decomposition.
 COMPOSITE = ("matmul", "linear", "chunk", "narrow", "__getitem__", "take_along_dim", "argsort", "expand_as",
-             "flatten", "movedim", "hstack", "vstack", "type_as", "reshape", "reshape_as", "contiguous")
+             "flatten", "movedim", "hstack", "vstack", "type_as", "reshape", "reshape_as", "contiguous",
+             "conv1d", "conv2d", "conv3d")
 #: ops whose arguments torch wants on the host (only the input moves to ahbm).
 HOST_ARGS = {"tensor_split"}
 #: OpInfos not run, and why.

@@ -257,7 +257,9 @@ def fuse_norms(model) -> int:
     ``x * rsqrt(mean(x^2) + eps)``, cast to the input's dtype, multiply by the weight)."""
     count = 0
     for module in model.modules():
-        if (type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor)
+        # NOTE: a parameter: a layer whose ``weight`` is a buffer it never uses (FalconMamba's
+        # ``WeightlessRMSNorm``, sized for another dimension) keeps its own forward.
+        if (type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.nn.Parameter)
                 and isinstance(getattr(module, "variance_epsilon", None), float)):
             module.forward = types.MethodType(_fused_rms_norm, module)
             count += 1

@@ -117,17 +117,19 @@ def on(like, placement) -> Spec:
 INTEGERS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 
 
-def kernel_dtype(t: torch.Tensor, op: str) -> tuple[str, int]:
+def kernel_dtype(t: torch.Tensor, op: str, complex_ok: bool = False) -> tuple[str, int]:
     """(rate name, bytes per element) of a tensor's dtype for the kernels: f16, bf16, fp32;
-    integer, bool and float64 tensors run at the machine's fp32 rate with their own
-    element size.
+    integer, bool and float64 tensors, and complex ones where the op counts their work
+    (``complex_ok``: elementwise ops, ``pointwise.COMPLEX_WORK``), run at the machine's fp32
+    rate with their own element size.
 
     NOTE: the machine has no integer rates; an int64 add costs what an fp32 add does per
     element (the MATH engine's fp32 rate), and moves its 8 bytes per element."""
-    if t.dtype in INTEGERS or t.dtype == torch.float64:
+    if t.dtype in INTEGERS or t.dtype == torch.float64 or complex_ok and t.is_complex():
         return "fp32", t.element_size()
     if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise NotImplementedError(f"kbtorch: {op} on ahbm tensors of dtype {t.dtype} is not supported "
-                                  f"(f16, bf16, fp32, float64, int64, int32, int16, int8, uint8, bool)")
+                                  f"(f16, bf16, fp32, float64, int64, int32, int16, int8, uint8, bool"
+                                  f"{'; complex64, complex128 in elementwise ops' if t.is_complex() else ''})")
     d = dtype_of(t.dtype, op)
     return d.name, d.bytes

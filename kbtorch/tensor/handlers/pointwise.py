@@ -48,7 +48,15 @@ CLASSES = {
     **_classes("rsqrt", "rsqrt"),
     **_classes("silu", "silu"),
     **_classes("gelu", "gelu"),
+    **_classes("polar", "polar"),
 }
+#: the work of one complex element, in ops of its cost class (per real part: a complex add
+#: is two adds, a multiply four multiplies and two adds); a cost class not listed is
+#: refused on complex tensors. ``polar`` (|r| cos t + i |r| sin t) is a class of its own:
+#: two transcendentals and two multiplies per element.
+COMPLEX_WORK = {"add": 2, "mul": 6, "select": 2}
+#: cost class -> (the machine's classes it is made of, times each), for composite classes.
+COMPOSITE_CLASSES = {"polar": (("transcendental", 2), ("mul", 2))}
 IN_PLACE = tuple(f"{name}_" for name in CLASSES if hasattr(aten, f"{name}_"))
 
 
@@ -79,13 +87,27 @@ def pointwise_run(machine, name: str, cls: str, tensors: list, out: torch.Tensor
         tensors, placed = elementwise_inputs(tensors, tuple(out.shape))
     if not out.numel():
         return placed, None
-    dtype, eb = kernel_dtype(out, name)
+    dtype, eb = kernel_dtype(out, name, complex_ok=True)
+    work = _work(machine, name, cls, out)
     widest = max((t for t in tensors if t.numel()), key=lambda t: t.element_size(), default=None)
     if widest is not None and widest.element_size() > eb:
         eb = widest.element_size()
         if not out.is_floating_point():
-            dtype = kernel_dtype(widest, name)[0]
+            dtype = kernel_dtype(widest, name, complex_ok=True)[0]
     run = vector(machine, cls, out.numel(), placed=placed, pes=mesh_of(tensors[0]), shape=tuple(out.shape),
-                 inputs=len(tensors) or 1, dtype=dtype, elem_bytes=eb, out_ratio=out.element_size() / eb)
-    flops = machine.math_flops(cls) * out.numel()
-    return placed, timed(f"aten::{name}", tensors, f"elementwise {cls}", run, flops)
+                 inputs=len(tensors) or 1, dtype=dtype, elem_bytes=eb, out_ratio=out.element_size() / eb,
+                 flops_per_element=work if out.is_complex() or cls in COMPOSITE_CLASSES else None)
+    return placed, timed(f"aten::{name}", tensors, f"elementwise {cls}", run, work * out.numel())
+
+
+def _work(machine, name: str, cls: str, out: torch.Tensor) -> int:
+    """MATH work per output element: the machine's for ``cls`` (``COMPOSITE_CLASSES``: the sum
+    of its parts), times ``COMPLEX_WORK`` for a complex result."""
+    parts = COMPOSITE_CLASSES.get(cls, ((cls, 1),))
+    work = sum(machine.math_flops(c) * times for c, times in parts)
+    if out.is_complex() and cls not in COMPOSITE_CLASSES:
+        if cls not in COMPLEX_WORK:
+            raise NotImplementedError(f"kbtorch: {name} on complex ahbm tensors is not supported (complex "
+                                      f"{', '.join(COMPLEX_WORK)} ops only)")
+        work *= COMPLEX_WORK[cls]
+    return work
