@@ -85,3 +85,22 @@ def test_missing_extras_are_one_line_naming_both_installs(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert rc != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert "'sweep'" in err and 'pip install -e ".[sweep]"' in err and 'pip install "kbtorch[sweep]"' in err
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_attn_choice_is_the_models_and_both_match_cpu(attn, capsys):
+    from kbtorch.models.hf import config
+    assert config("tiny-llama", attn)._attn_implementation == attn
+    rc = _main()(["--model", "tiny-llama", "--attn", attn, "--check", "--prompt-len", "6", "--new-tokens", "2", "--json"])
+    rec = json.loads(capsys.readouterr().out)
+    assert rc == 0 and rec["matches_cpu"], rec
+
+
+def test_check_beyond_the_tolerance_exits_1_and_says_so(monkeypatch, capsys):
+    """A tolerance no result can meet: --check reports the difference and exits 1."""
+    main = _main()
+    monkeypatch.setitem(main.__globals__["LOGIT_TOLERANCE"], __import__("torch").float32, -1.0)
+    rc = main(["--model", "tiny-llama", "--check", "--prompt-len", "6", "--new-tokens", "2"])
+    captured = capsys.readouterr()
+    assert rc == 1 and "differs from CPU beyond the tolerance" in captured.err
+    assert "greedy tokens match: True" in captured.out
