@@ -112,3 +112,23 @@ def test_a_kv_cache_past_the_hbm_left_is_refused_before_any_work():
                                           r"of 'tiny' \(.* GB in all\): 'cache\.layers\.[01]\.(keys|values)'"):
             check_cache_fits(model, rows, 2**20)
         assert hbm_book(machine).free(0) == free
+
+
+@pytest.mark.parametrize("model_type, extra, held", [
+    ("gemma2", dict(sliding_window=8, head_dim=16, num_key_value_heads=2), [8, 100]),    # sliding, then full
+    ("mistral", dict(sliding_window=8, head_dim=16, num_key_value_heads=2), [8, 8]),
+    ("jamba", dict(num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, num_experts=2,
+                   use_mamba_kernels=False), [0, 100]),                                   # a Mamba mixer, attention
+    ("llama", dict(num_key_value_heads=2), [100, 100]),
+])
+def test_the_kv_cache_holds_what_each_layer_of_transformers_cache_keeps(model_type, extra, held):
+    """Sliding-window layers hold their window, state-space layers no keys and values: the
+    layers of transformers' own DynamicCache for the config, not every layer at full length."""
+    import transformers
+
+    from kbtorch.models.hf import kv_cache, layer_positions
+    cfg = transformers.AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                            num_attention_heads=4, vocab_size=128, **extra)
+    assert layer_positions(cfg, 100) == held
+    per_position = 2 * 2 * 16 * 2                        # keys and values x 2 heads x 16 x 2 bytes
+    assert sum(b for _, _, b in kv_cache(cfg, 1, 100, 2)) == per_position * sum(held)

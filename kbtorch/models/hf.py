@@ -223,9 +223,31 @@ def kv_cache(cfg, batch: int, positions: int, eb: int) -> list:
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head = getattr(text, "head_dim", None) or text.hidden_size // heads
     dims = {"keys": getattr(text, "qk_head_dim", head), "values": getattr(text, "v_head_dim", head)}
-    return [(f"cache.layers.{i}.{kind}", shape, eb * batch * kv_heads * positions * dim)
-            for i in range(text.num_hidden_layers) for kind, dim in dims.items()
-            for shape in [(batch, kv_heads, positions, dim)]]
+    held = layer_positions(cfg, positions)
+    return [(f"cache.layers.{i}.{kind}", shape, eb * batch * kv_heads * n * dim)
+            for i, n in enumerate(held) if n for kind, dim in dims.items()
+            for shape in [(batch, kv_heads, n, dim)]]
+
+
+def layer_positions(cfg, positions: int) -> list:
+    """The positions each layer's KV cache holds after ``positions`` tokens, by the layers of
+    transformers' own ``DynamicCache`` for ``cfg``: a sliding-window layer at most its window
+    (Gemma 2/3, Mistral, gpt-oss), a layer that keeps no keys and values (a Mamba mixer of
+    Jamba: its fixed-size state is not a KV cache) none, any other every position.
+    NOTE: a config transformers' cache cannot read (an older remote-code model) holds every
+    position in every layer: an upper bound."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+    text = cfg.get_text_config()
+    try:
+        layers = DynamicCache(config=cfg).layers
+    except (AttributeError, TypeError, ValueError):
+        return [positions] * text.num_hidden_layers
+    held = []
+    for layer in layers:
+        window = getattr(layer, "sliding_window", None)
+        held.append(0 if not isinstance(layer, DynamicLayer) else min(positions, window) if window else positions)
+    return held
 
 
 def check_cache_fits(model, batch: int, positions: int) -> None:
