@@ -4,9 +4,11 @@ import pytest
 import torch
 
 from kbtorch.ops.collective import torch_reference
-from kbtorch.ops.collective_group import make_grid, resolve_group
-from kbtorch.ops.collective_plan import (ALGOS, KINDS, CollectiveError, Schedule, Xfer, reference,
-                                         schedule, verify)
+from kbtorch.ops.collective.groups import make_grid, resolve_group
+from kbtorch.ops.collective.algorithms import ALGOS
+from kbtorch.ops.collective.request import KINDS, CollectiveError
+from kbtorch.ops.collective.schedules import reference, schedule, verify
+from kbtorch.ops.collective.steps import Schedule, Xfer
 from kbtorch.topology import load_machine
 
 
