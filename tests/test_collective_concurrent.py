@@ -99,7 +99,7 @@ def test_side_by_side_groups_like_the_first_take_its_programs_renamed(monkeypatc
 
 def test_groups_inside_chips_run_the_kernel_their_choice_built(monkeypatch):
     """Lines each inside a chip of their own: ``line_algo``'s choice builds the first line's
-    kernels (``collective.choose``); the run takes the chosen one as built, not built again."""
+    kernels (``choice.choose``); the run takes the chosen one as built, not built again."""
     import kbtorch.ops.collective.side_by_side as cc
     system = load_machine(str(DATA / "tiny_system.toml"))
     per_chip = len(system.chip.pes)
