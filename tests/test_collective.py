@@ -358,6 +358,6 @@ def test_auto_does_not_build_an_algorithm_whose_schedule_an_earlier_one_has(monk
     real = choice_module.build
     monkeypatch.setattr(choice_module, "build", lambda req, grid: built.append(req.algo) or real(req, grid))
     cands = {"2d": 0, "hier": 1, "ring": 2}                 # estimates (ps) far below every bound
-    req = Request("reduce_scatter", m, nbytes=36 * 8192, dtype="bf16")
-    got = choice_module._by_bound(req, grid, cands)
-    assert built == ["2d", "ring"] and got.algo in built
+    monkeypatch.setattr(choice_module, "estimates", lambda req, grid: cands)
+    got = choice_module.choose(Request("reduce_scatter", m, nbytes=36 * 8192, dtype="bf16"), [grid.pes])
+    assert built == ["2d", "ring"] and got.algo in built and got.candidates == cands

@@ -84,7 +84,8 @@ def _check(kind: str):
     def check(machine=None, nbytes=1 << 20, group="all", op="sum", root=0, dtype="f16", packet_bytes=None,
               mode="auto", order="rank", **_) -> None:
         """The timing-only run's checks before any work."""
-        checked(Request(kind, as_machine(machine), group, "auto", op, root, nbytes, dtype, packet_bytes, mode, order))
+        checked(Request(kind, as_machine(machine), group=group, op=op, root=root, nbytes=nbytes, dtype=dtype,
+                        packet_bytes=packet_bytes, mode=mode, order=order))
     return check
 
 

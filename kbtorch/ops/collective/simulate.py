@@ -151,8 +151,8 @@ def collective(kind: str, shards=None, *, group="all", algo: str = "auto", op: s
     ``machine`` (default: the current one, ``kbtorch.use``). ``order``: which blocks are a
     reduce-scatter's or all-gather's member's (``schedules.schedule``)."""
     with paused_gc():
-        req = Request(kind, as_machine(machine), group, algo, op, root, nbytes, dtype, packet_bytes, mode, order,
-                      shards)
+        req = Request(kind, as_machine(machine), group=group, algo=algo, op=op, root=root, nbytes=nbytes, dtype=dtype,
+                      packet_bytes=packet_bytes, mode=mode, order=order, shards=shards)
         if isinstance(group, str) and group.startswith("across:"):
             return _across(req)
         return _one_group(req)
@@ -201,12 +201,14 @@ def _across(req: Request) -> CollectiveRun:
     mode = pick_mode(req.mode, machine, nbytes * len(pes), built.programs, built.busy)
     result = run_programs(built.programs, machine, mode=mode)
     outputs = units.numerics(req, lines, sizes) if req.shards is not None else None
-    return _report(req, pes, built, result, mode, cands, outputs, units=n)
+    return _report(req, pes, built, result, mode, cands, outputs, n_units=n)
 
 
-def _report(req: Request, pes: tuple, built, result, mode: str, cands: dict, outputs, units: int = 0) -> CollectiveRun:
+def _report(req: Request, pes: tuple, built, result, mode: str, cands: dict, outputs,
+            n_units: int = 0) -> CollectiveRun:
     """The run of ``req`` (its algorithm chosen) with the bound and the models beside it;
-    the analytic estimate is the chosen candidate's, else the first line's alpha-beta."""
+    the analytic estimate is the chosen candidate's, else the first line's alpha-beta;
+    ``n_units``: the members of a collective across units (0: the PEs are)."""
     busy, startup, sched, kernel = built.busy, built.startup, built.sched, built.kernels[0]
     eb = req.elem_bytes
     worst = max(busy, key=lambda r: (busy[r], analytic.describe(r)))
@@ -216,5 +218,5 @@ def _report(req: Request, pes: tuple, built, result, mode: str, cands: dict, out
                          analytic_ps=estimate, bound_ps=max(startup, busy[worst]), plan=req.algo, algo=req.algo,
                          reduction=req.op, nbytes=req.nbytes, mode=mode, startup_ps=startup,
                          limiter="startup" if startup >= busy[worst] else analytic.describe(worst),
-                         candidates=cands, root=req.root, packet_bytes=kernel.packet_elems * eb, units=units,
+                         candidates=cands, root=req.root, packet_bytes=kernel.packet_elems * eb, units=n_units,
                          outputs=outputs)
