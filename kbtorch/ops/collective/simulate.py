@@ -161,13 +161,7 @@ def collective(kind: str, shards=None, *, group="all", algo: str = "auto", op: s
 def _one_group(req: Request) -> CollectiveRun:
     pes, nbytes, dtype = checked(req)
     req = replace(req, nbytes=nbytes, dtype=dtype)
-    if req.algo == "auto":
-        choice = choose(req, [pes])
-        if choice is None:
-            raise CollectiveError(f"{req.kind}: no algorithm applies to {nbytes} bytes over {len(pes)} members")
-        req, built, cands = replace(req, algo=choice.algo), choice.built, choice.candidates
-    else:
-        built, cands = build(req, make_grid(req.machine, pes)), {}
+    req, built, cands = _built(req, [pes], None, f"{len(pes)} members")
     mode = pick_mode(req.mode, req.machine, nbytes * len(pes), built.programs, built.busy)
     result = run_programs(built.programs, req.machine, mode=mode)
     outputs = None
@@ -190,18 +184,25 @@ def _across(req: Request) -> CollectiveRun:
     if req.algo != "auto" and req.algo not in ALGOS:
         raise CollectiveError(f"unknown algorithm '{req.algo}' (known: {', '.join(ALGOS)})")
     level, lines, sizes = units.lines_of(req)
-    if req.algo == "auto":
-        choice = choose(req, lines, sizes=sizes)
-        if choice is None:
-            raise CollectiveError(f"{req.kind}: no algorithm applies to {nbytes} bytes over {n} {level}s")
-        req, built, cands = replace(req, algo=choice.algo), choice.built, choice.candidates
-    else:
-        built, cands = build_lines(req, lines, sizes), {}
+    req, built, cands = _built(req, lines, sizes, f"{n} {level}s")
     pes = tuple(p for line in lines for p in line)
     mode = pick_mode(req.mode, machine, nbytes * len(pes), built.programs, built.busy)
     result = run_programs(built.programs, machine, mode=mode)
     outputs = units.numerics(req, lines, sizes) if req.shards is not None else None
     return _report(req, pes, built, result, mode, cands, outputs, n_units=n)
+
+
+def _built(req: Request, lines: list, sizes: list | None, members: str) -> tuple:
+    """(``req`` with its algorithm, that algorithm built, the candidates' ps): for ``auto``
+    the choice (``choice.choose``), else the algorithm asked; one group (``sizes`` None) or
+    the lines across units. ``members``: who the error names when no algorithm applies."""
+    if req.algo != "auto":
+        one = build(req, make_grid(req.machine, lines[0])) if sizes is None else build_lines(req, lines, sizes)
+        return req, one, {}
+    choice = choose(req, lines, sizes=sizes)
+    if choice is None:
+        raise CollectiveError(f"{req.kind}: no algorithm applies to {req.nbytes} bytes over {members}")
+    return replace(req, algo=choice.algo), choice.built, choice.candidates
 
 
 def _report(req: Request, pes: tuple, built, result, mode: str, cands: dict, outputs,
