@@ -28,8 +28,7 @@ import time
 
 from tabulate import tabulate
 
-from kbtorch.ops.collective import collective
-from kbtorch.ops.collective_plan import ALGOS
+from kbtorch.ops.collective import ALGOS, collective
 
 TARGET_PCT_BOUND = 90.0
 TARGET_STARTUP_X = 1.5

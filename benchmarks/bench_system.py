@@ -1,7 +1,7 @@
 """Systems of chips (issue 23): maia200_x8, maia200_x64 and maia200_pod from system files.
 
 All collectives are timing-only, bf16, with the chips as members (group ``across:chip:4``:
-four tiles of each chip drive its ports, see kbtorch/ops/collective_units.py); sizes "per
+four tiles of each chip drive its ports, see kbtorch/ops/collective/units.py); sizes "per
 chip" are each chip's own block (the paper's Fig. 8 axis), ``nbytes`` the gathered output.
 
 - **topo**: ``maia200_x8``'s PEs and bf16 peak (target: 288 PEs, 8 x 1180 TFLOP/s).

@@ -24,9 +24,8 @@ import time
 from tabulate import tabulate
 
 from kbtorch.cli import ArgumentParser, run_script
-from kbtorch.ops.collective import collective, estimates
-from kbtorch.ops.collective_group import make_grid, resolve_group
-from kbtorch.ops.collective_plan import ALGOS
+from kbtorch.ops.collective import ALGOS, Request, collective, estimates
+from kbtorch.ops.collective.groups import make_grid, resolve_group
 from kbtorch.topology import load_machine
 from kbtorch.units import fmt_bytes as _size, parse_bytes
 
@@ -59,7 +58,7 @@ def sweep(topology: str, group: str, top: int) -> list[dict]:
     rows = []
     for nominal in sizes(top):
         nbytes = max(2 * n * 2, nominal // (4 * n) * 4 * n)
-        est = estimates("all_reduce", machine, grid, nbytes, 2)
+        est = estimates(Request("all_reduce", machine, nbytes=nbytes), grid)
         for algo in ALGOS:
             if algo not in est or est[algo] > PRUNE * min(est.values()):
                 continue

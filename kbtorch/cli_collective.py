@@ -8,6 +8,7 @@ import argparse
 from tabulate import tabulate
 
 from .cli_common import _byte_count, _nonneg_int
+from .ops.collective.algorithms import ALGOS
 from .ops.contract import DTYPES
 from .units import fmt_bytes
 
@@ -15,7 +16,8 @@ from .units import fmt_bytes
 COLLECTIVES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
                "broadcast": "broadcast", "alltoall": "all_to_all"}
 REDUCING = ("all_reduce", "reduce_scatter")
-COLLECTIVE_ALGOS = ("ring", "bidir-ring", "2d", "direct", "tree", "hier", "auto")
+#: The registered algorithms (``ops.collective.algorithms``) and ``auto``.
+COLLECTIVE_ALGOS = (*ALGOS, "auto")
 COLLECTIVE_OPS = ("sum", "max")
 COLLECTIVE_MODES = ("auto", "fast", "coarse", "flit")
 #: ``--check`` tolerances (atol per member, rtol): atol is multiplied by the number of members.
@@ -66,13 +68,14 @@ def add_parser(bench, parents, family) -> None:
 
 def _members(args, machine) -> int:
     """The number of members; raises ValueError naming the argument at fault."""
-    from .ops.collective import padded_bytes
-    from .ops.collective_group import make_grid, resolve_group
-    from .ops.collective_plan import CollectiveError, schedule
+    from .ops.collective.groups import make_grid, resolve_group
+    from .ops.collective.kernel_layout import padded_bytes
+    from .ops.collective.request import CollectiveError
+    from .ops.collective.schedules import schedule
 
     kind, root = args.collective, getattr(args, "root", 0)
     if args.group.startswith("across:"):
-        from .ops.collective_units import parse, units
+        from .ops.collective.units import parse, units
         try:
             return len(units(machine, *parse(args.group)))
         except CollectiveError as exc:
@@ -132,8 +135,7 @@ def _check(run, kind: str, shards: list, op: str, root: int) -> dict:
 
 
 def _cmd_collective(args, machine):
-    from .ops.collective import collective
-    from .ops.collective_plan import CollectiveError
+    from .ops.collective import CollectiveError, collective
 
     kind, op, root = args.collective, getattr(args, "op", "sum"), getattr(args, "root", 0)
     n = _members(args, machine)

@@ -15,8 +15,7 @@ import torch
 from kbtorch.cli import main
 from kbtorch.kernel import build
 from kbtorch.ops.attention import attention
-from kbtorch.ops.collective import collective
-from kbtorch.ops.collective_plan import CollectiveError
+from kbtorch.ops.collective import CollectiveError, collective
 from kbtorch.ops.vector import elementwise
 from kbtorch.ops.gemm import gemm
 from kbtorch.runtime import AllocationError, Runtime

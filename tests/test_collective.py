@@ -8,11 +8,12 @@ import zlib
 import pytest
 import torch
 
-import kbtorch.ops.collective as collective_module
+import kbtorch.ops.collective.build as build_module
+import kbtorch.ops.collective.choice as choice_module
 import kbtorch.ops.contract as contract
-from kbtorch.ops.collective import BUS_FACTOR, collective, torch_reference
-from kbtorch.ops.collective_group import make_grid, resolve_group
-from kbtorch.ops.collective_plan import ALGOS, KINDS, CollectiveError, schedule
+from kbtorch.ops.collective import ALGOS, BUS_FACTOR, KINDS, CollectiveError, Request, collective, torch_reference
+from kbtorch.ops.collective.groups import make_grid, resolve_group
+from kbtorch.ops.collective.schedules import schedule
 from kbtorch.topology import load_machine
 
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -312,7 +313,7 @@ def test_auto_mode_runs_coarse_above_the_kernels_command_count(ahbm, monkeypatch
     kernel is above it); an explicit mode is kept."""
     kw = dict(group="cube", nbytes=4 << 10, algo="ring", machine=ahbm)
     assert collective("all_reduce", **kw).mode == "fast"
-    monkeypatch.setattr(collective_module, "COARSE_COMMANDS", 0)
+    monkeypatch.setattr(build_module, "COARSE_COMMANDS", 0)
     assert collective("all_reduce", **kw).mode == "coarse"
     assert collective("all_reduce", mode="fast", **kw).mode == "fast"
 
@@ -354,8 +355,9 @@ def test_auto_does_not_build_an_algorithm_whose_schedule_an_earlier_one_has(monk
     grid = make_grid(m, list(range(36)))
     assert schedule("reduce_scatter", "hier", grid) == replace(schedule("reduce_scatter", "2d", grid), algo="hier")
     built = []
-    real = collective_module._build
-    monkeypatch.setattr(collective_module, "_build", lambda kind, algo, *a: built.append(algo) or real(kind, algo, *a))
+    real = choice_module.build
+    monkeypatch.setattr(choice_module, "build", lambda req, grid: built.append(req.algo) or real(req, grid))
     cands = {"2d": 0, "hier": 1, "ring": 2}                 # estimates (ps) far below every bound
-    got = collective_module.choose("reduce_scatter", m, grid, 36 * 8192, 2, "bf16", "sum", 0, None, "rank", cands)
-    assert built == ["2d", "ring"] and got[0] in built
+    monkeypatch.setattr(choice_module, "estimates", lambda req, grid: cands)
+    got = choice_module.choose(Request("reduce_scatter", m, nbytes=36 * 8192, dtype="bf16"), [grid.pes])
+    assert built == ["2d", "ring"] and got.algo in built and got.candidates == cands

@@ -1,14 +1,13 @@
-"""Collectives side by side (``ops/collective_concurrent.py``): groups sharing HBM controllers
+"""Collectives side by side (``ops/collective/side_by_side.py``): groups sharing HBM controllers
 and links in one simulation, the algorithm of lines of a mesh, and programs built once."""
 from pathlib import Path
 
 import pytest
 
 from kbtorch.kernel import run_programs
-from kbtorch.ops.collective import collective, estimates
-from kbtorch.ops.collective_concurrent import LINE_ALGOS, concurrent, line_algo, on_groups, on_groups_run
-from kbtorch.ops.collective_group import make_grid
-from kbtorch.ops.collective_plan import CollectiveError
+from kbtorch.ops.collective import (LINE_ALGOS, CollectiveError, Request, collective, concurrent, estimates, line_algo,
+                                    on_groups, on_groups_run)
+from kbtorch.ops.collective.groups import make_grid
 from kbtorch.sim import symmetry
 from kbtorch.topology import load_machine
 
@@ -35,7 +34,7 @@ def test_on_groups_is_auto_in_grid_order_alone_and_the_best_line_algorithm_side_
     one = collective("all_gather", group=[0, 1, 2, 3], nbytes=4096, algo="auto", order="grid", machine=tiny)
     assert on_groups("all_gather", [(0, 1, 2, 3)], nbytes=4096, machine=tiny) == (one.latency_ns, one.algo)
     algo = line_algo("all_reduce", [(0, 1, 2, 3), (4, 5, 6, 7)], 4096, "f16", tiny)
-    est = estimates("all_reduce", tiny, make_grid(tiny, [0, 1, 2, 3]), 4096, 2)
+    est = estimates(Request("all_reduce", tiny, nbytes=4096), make_grid(tiny, [0, 1, 2, 3]))
     assert algo in LINE_ALGOS and est[algo] == min(v for a, v in est.items() if a in LINE_ALGOS)
     specs = [dict(kind="all_reduce", group=list(g), nbytes=4096, algo=algo) for g in ((0, 1, 2, 3), (4, 5, 6, 7))]
     both = on_groups("all_reduce", [(0, 1, 2, 3), (4, 5, 6, 7)], nbytes=4096, machine=tiny)
@@ -59,16 +58,15 @@ def test_lines_across_chips_choose_with_the_bound_of_all_lines_together(kind, nb
     of one line's estimate and the bound of all lines built together): the run is the
     chosen algorithm's concurrent run, never slower than tree's (the least one-line estimate
     here), and direct or bidir-ring win where their shared links allow."""
-    from kbtorch.ops import collective_units as units
-    from kbtorch.ops.collective import _build
+    from kbtorch.ops.collective.build import BLOCKED
+    from kbtorch.ops.collective.choice import choose
     system = load_machine(str(DATA / "tiny_system.toml"))
     per_chip = len(system.chip.pes)
     across = [tuple(c * per_chip + p for c in range(system.chips)) for p in range(per_chip)]
-    per = 2 * (system.chips if kind in units.BLOCKED else 1)
-    cands = units.candidates(kind, system, across, [nbytes // per] * per_chip, 2, "f16", "sum", 0, None, "rank",
-                             _build, estimates)
+    per = 2 * (system.chips if kind in BLOCKED else 1)
+    cands = choose(Request(kind, system, nbytes=nbytes), across, sizes=[nbytes // per] * per_chip).candidates
     ns, algo, _ = on_groups_run(kind, across, nbytes=nbytes, dtype="f16", machine=system)
-    assert algo == min(cands, key=lambda a: cands[a][0]) == line_algo(kind, across, nbytes, "f16", system)
+    assert algo == min(cands, key=cands.get) == line_algo(kind, across, nbytes, "f16", system)
 
     def side_by_side(a):
         return max(concurrent([dict(kind=kind, group=list(g), nbytes=nbytes, dtype="f16", algo=a) for g in across],
@@ -80,9 +78,9 @@ def test_lines_across_chips_choose_with_the_bound_of_all_lines_together(kind, nb
 @pytest.mark.parametrize("lines", ["inside", "across"])
 def test_side_by_side_groups_like_the_first_take_its_programs_renamed(monkeypatch, lines):
     """Groups of one collective side by side build the first group's kernel once and rename
-    its programs to the others (``collective_rename``): the run is the one of every group
+    its programs to the others (``ops/collective/rename.py``): the run is the one of every group
     built on its own."""
-    import kbtorch.ops.collective_concurrent as cc
+    import kbtorch.ops.collective.side_by_side as cc
     system = load_machine(str(DATA / "tiny_system.toml"))
     per_chip = len(system.chip.pes)
     groups = ([list(range(c * per_chip, (c + 1) * per_chip)) for c in range(system.chips)] if lines == "inside"
@@ -101,8 +99,8 @@ def test_side_by_side_groups_like_the_first_take_its_programs_renamed(monkeypatc
 
 def test_groups_inside_chips_run_the_kernel_their_choice_built(monkeypatch):
     """Lines each inside a chip of their own: ``line_algo``'s choice builds the first line's
-    kernels (``collective.choose``); the run takes the chosen one as built, not built again."""
-    import kbtorch.ops.collective_concurrent as cc
+    kernels (``choice.choose``); the run takes the chosen one as built, not built again."""
+    import kbtorch.ops.collective.side_by_side as cc
     system = load_machine(str(DATA / "tiny_system.toml"))
     per_chip = len(system.chip.pes)
     groups = [list(range(c * per_chip, (c + 1) * per_chip)) for c in range(system.chips)]

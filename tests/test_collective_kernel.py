@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 from kbtorch.ops.collective import collective
-from kbtorch.ops.collective_group import make_grid
-from kbtorch.ops.collective_kernel import CollectiveKernel
-from kbtorch.ops.collective_plan import Schedule, Xfer, schedule
+from kbtorch.ops.collective.groups import make_grid
+from kbtorch.ops.collective.kernel import CollectiveKernel
+from kbtorch.ops.collective.schedules import schedule
+from kbtorch.ops.collective.steps import Schedule, Xfer
 from kbtorch.sim.commands import Composite, Dma
 from kbtorch.sim.simulator import Simulator
 
@@ -162,7 +163,7 @@ def test_port_spray_leaves_a_group_inside_one_chip_as_on_one_path():
     """Under ``port-spray`` only traffic between chips is sprayed: a reduction inside one
     chip keeps the single-path kernel (TCM receive slots), one across chips lands in HBM;
     ``minimal-spray`` sprays inside a chip too."""
-    from kbtorch.ops.collective_layout import sprayed_reductions
+    from kbtorch.ops.collective.kernel_layout import sprayed_reductions
     from kbtorch.topology import load_machine
     path = str(Path(__file__).parent / "data" / "tiny_system.toml")
     single, spray, minimal = (load_machine(path, overrides={"routing.policy": p})

@@ -3,10 +3,15 @@ schedule against torch itself, group resolution and the grids groups form."""
 import pytest
 import torch
 
+from kbtorch.cli_collective import COLLECTIVE_ALGOS
 from kbtorch.ops.collective import torch_reference
-from kbtorch.ops.collective_group import make_grid, resolve_group
-from kbtorch.ops.collective_plan import (ALGOS, KINDS, CollectiveError, Schedule, Xfer, reference,
-                                         schedule, verify)
+from kbtorch.ops.collective.algorithms import ALGORITHMS, ALGOS, LINE_ALGOS
+from kbtorch.ops.collective.algorithms.registry import algorithm
+from kbtorch.ops.collective.groups import make_grid, resolve_group
+from kbtorch.ops.collective.request import KINDS, CollectiveError
+from kbtorch.ops.collective.schedules import reference, schedule, verify
+from kbtorch.ops.collective.steps import Schedule, Xfer
+from kbtorch.ops.contract import family
 from kbtorch.topology import load_machine
 
 
@@ -334,3 +339,22 @@ def test_hier_reduce_scatter_between_chips_is_the_all_gather_backwards():
     shards = [torch.randn(4 * 6) for _ in range(4)]
     for got, want in zip(reference(rs, shards), torch_reference("reduce_scatter", shards)):
         torch.testing.assert_close(got, want)
+
+
+def test_every_list_of_algorithms_is_derived_from_the_registry():
+    """``ALGOS`` by rank, ``LINE_ALGOS``, the op families' ``algo`` choices and the command
+    line's ``--algo`` choices: each the registry's (``@algorithm``), nothing listed by hand."""
+    assert ALGOS == tuple(sorted(ALGORITHMS, key=lambda a: ALGORITHMS[a].rank))
+    assert ALGOS == ("ring", "bidir-ring", "2d", "direct", "tree", "hier")
+    assert LINE_ALGOS == tuple(a for a in ALGOS if ALGORITHMS[a].lines) == ("ring", "bidir-ring", "tree")
+    assert COLLECTIVE_ALGOS == (*ALGOS, "auto")
+    for kind in KINDS:
+        assert {p.name: p for p in family(kind).params}["algo"].choices == ("auto", *ALGOS)
+
+
+def test_an_algorithm_registered_twice_is_refused():
+    with pytest.raises(ValueError, match="'ring' or rank 99 is registered twice"):
+        algorithm("ring", rank=99)(lambda kind, grid, root: None)
+    with pytest.raises(ValueError, match="'new' or rank 0 is registered twice"):
+        algorithm("new", rank=0)(lambda kind, grid, root: None)
+    assert "new" not in ALGORITHMS

@@ -1,13 +1,13 @@
 """Lines of a collective across chips: a line's programs renamed to another line's PEs are
-the programs a build of that line gives (kbtorch/ops/collective_rename.py)."""
+the programs a build of that line gives (kbtorch/ops/collective/rename.py)."""
 from pathlib import Path
 
 import pytest
 
-from kbtorch.ops import collective_rename as rename
-from kbtorch.ops import collective_units as units
-from kbtorch.ops.collective import _build
-from kbtorch.ops.collective_group import make_grid
+import kbtorch.ops.collective.build as build_module
+from kbtorch.ops.collective import Request, rename, units
+from kbtorch.ops.collective.build import build, build_lines
+from kbtorch.ops.collective.groups import make_grid
 from kbtorch.topology import load_machine
 from kbtorch.topology.loader import resolve_doc
 from kbtorch.topology.machine import Machine
@@ -28,31 +28,29 @@ def _lines(m, k):
 def test_renamed_line_equals_its_build(name, k, kind, algo, nbytes):
     m = load_machine(name)
     lines = _lines(m, k)
-    built = [_build(kind, algo, m, make_grid(m, ln), nbytes, 2, "bf16", "sum", 0, None, "rank")[2] for ln in lines]
+    req = Request(kind, m, algo=algo, nbytes=nbytes, dtype="bf16")
+    built = [build(req, make_grid(m, ln)).programs for ln in lines]
     for t in range(1, k):
         got = rename.programs(m, built[0], make_grid(m, lines[0]), make_grid(m, lines[t]))
         assert got is not None and got == built[t]
         assert got != built[0]
 
 
-def test_build_of_every_line_renames_and_matches_the_full_build():
+def test_build_of_every_line_renames_and_matches_the_full_build(monkeypatch):
     m = load_machine("maia200_x8")
     lines, sizes = _lines(m, 4), [2**18] * 4
-    args = ("all_reduce", "bidir-ring", m, lines, sizes, 2, "bf16", "sum", 0, None, "rank", _build)
-    fast = units.build(*args)
+    req = Request("all_reduce", m, algo="bidir-ring", dtype="bf16")
+    fast = build_lines(req, lines, sizes)
     calls = []
-
-    def counted(*a, **kw):
-        calls.append(a[3].pes)
-        return _build(*a, **kw)
-    assert units.build(*args[:-1], counted)[2] == fast[2]
+    monkeypatch.setattr(build_module, "build", lambda r, grid: calls.append(grid.pes) or build(r, grid))
+    assert build_lines(req, lines, sizes).programs == fast.programs
     assert len(calls) == 1
 
 
 def test_lines_on_different_hardware_or_memories_are_built():
     m = load_machine(SYSTEM)
     a, b = _lines(m, 2)
-    progs = _build("all_reduce", "ring", m, make_grid(m, a), 4096, 2, "bf16", "sum", 0, None, "rank")[2]
+    progs = build(Request("all_reduce", m, algo="ring", nbytes=4096, dtype="bf16"), make_grid(m, a)).programs
     ga, gb = make_grid(m, a), make_grid(m, b)
     assert rename.programs(m, progs, ga, gb) is not None
     assert rename.programs(m, progs, ga, gb, multicast=True) is None
@@ -69,8 +67,8 @@ def test_lines_on_different_hardware_or_memories_are_built():
 def test_multicast_groupings_decide_whether_a_line_is_renamed():
     m = load_machine("maia200_x8")
     lines = _lines(m, 4)
-    sched, kernel, *_ = _build("all_gather", "direct", m, make_grid(m, lines[0]), 8 * 2**16, 2, "bf16", "sum", 0,
-                               None, "rank")
+    kernel = build(Request("all_gather", m, algo="direct", nbytes=8 * 2**16, dtype="bf16"),
+                   make_grid(m, lines[0])).kernels[0]
     assert kernel.multicast and kernel.tree_log
     assert kernel.multicasts_alike(lines[1])
     flipped = {(s, ds, not ok) for s, ds, ok in kernel.tree_log}

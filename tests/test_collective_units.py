@@ -1,4 +1,4 @@
-"""Collectives across the chips of a system (group "across:chip", kbtorch/ops/collective_units.py),
+"""Collectives across the chips of a system (group "across:chip", kbtorch/ops/collective/units.py),
 the hierarchical all-reduce inside chips then across them, and all-to-all: numerics vs torch."""
 from pathlib import Path
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from kbtorch.cli import main
-from kbtorch.ops.collective import all_to_all, collective, estimates, torch_reference
-from kbtorch.ops.collective_group import make_grid, resolve_group
-from kbtorch.ops.collective_plan import CollectiveError, schedule, verify
+from kbtorch.ops.collective import CollectiveError, Request, all_to_all, collective, estimates, torch_reference
+from kbtorch.ops.collective.groups import make_grid, resolve_group
+from kbtorch.ops.collective.schedules import schedule, verify
 from kbtorch.topology import load_machine
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -70,7 +70,7 @@ def test_all_to_all_matches_torch(algo):
 def test_all_to_all_auto_and_refusals():
     machine = load_machine(str(DATA / "tiny.toml"))
     grid = make_grid(machine, resolve_group(machine, "all"))
-    est = estimates("all_to_all", machine, grid, 8 * 1024, 2)
+    est = estimates(Request("all_to_all", machine, nbytes=8 * 1024), grid)
     assert set(est) == {"ring", "2d", "direct", "hier"}
     run = all_to_all(nbytes=8 * 1024, machine=machine)
     assert run.algo == min(est, key=est.get) or run.algo in est

@@ -5,7 +5,10 @@ to its own group or to a lower layer, and the module graph is acyclic.
 The order (``LAYERS``): units, limits -> topology -> sim -> runtime -> kernel -> ops -> tensor
 -> profiler -> kbtorch (the public API) -> sweep | models -> cli. Inside ``tensor`` and ``ops``
 the same rule holds one level down (``INNER``): tensor's placement -> core -> handlers ->
-graph -> parallel -> the package; ops' contract -> the op families, none importing another.
+graph -> parallel -> the package; ops' contract -> the op families, none importing another;
+and inside the collective family's package one level further down: the request and the
+schedule's steps -> the algorithms -> schedules -> the kernel and its models -> build ->
+choice -> units -> simulate -> side by side -> the package.
 """
 import ast
 import fnmatch
@@ -46,12 +49,19 @@ LAYERS = (
 FAMILY = "<family>"
 
 #: The order inside a layer's package, as ``LAYERS`` one level down: a module imports its own
-#: group and lower ranks; ``package`` (the package root alone) imports all of them.
+#: group and lower ranks; ``package`` (the package root alone) imports all of them. A group
+#: with a table of its own (``"ops.collective"``: the group ``collective`` of ``ops``) has
+#: that order inside it, one level further down.
 #: - tensor: placements and meshes are data; the core (the stream, dispatch and its timing
 #:   records, HBM books, tensors and redistribution, the device) runs one op; handlers are
 #:   the ops; graph mode times many ops as one graph; parallel plans use all of it.
-#: - ops: the op contract and layouts; each family (one per prefix) is its own group, so no
-#:   family imports another.
+#: - ops: the op contract and layouts; each family (one per prefix or package) is its own
+#:   group, so no family imports another.
+#: - ops.collective: what a collective is asked (the request, the schedule's steps); the
+#:   algorithms build steps; schedules and groups; the kernel, its buffers and multicast
+#:   grouping, the renaming of a line's programs; the kernel's models; building a kernel;
+#:   choosing an algorithm (it builds candidates); collectives across units (they choose);
+#:   one collective simulated; groups side by side (they simulate one group as one).
 INNER = {
     "tensor": (
         (0, "placement", ("kbtorch.tensor.placement",)),
@@ -66,6 +76,19 @@ INNER = {
         (0, "contract", ("kbtorch.ops.contract", "kbtorch.ops.layout")),
         (1, FAMILY, ("kbtorch.ops.*",)),
         (2, "package", ("kbtorch.ops",)),
+    ),
+    "ops.collective": (
+        (0, "request", tuple(f"kbtorch.ops.collective.{m}" for m in ("request", "steps"))),
+        (1, "algorithms", ("kbtorch.ops.collective.algorithms",)),
+        (2, "schedules", tuple(f"kbtorch.ops.collective.{m}" for m in ("groups", "schedules"))),
+        (3, "kernel", tuple(f"kbtorch.ops.collective.{m}" for m in ("kernel_layout", "multicast", "rename"))),
+        (4, "models", tuple(f"kbtorch.ops.collective.{m}" for m in ("analytic", "kernel"))),
+        (5, "build", ("kbtorch.ops.collective.build",)),
+        (6, "choice", ("kbtorch.ops.collective.choice",)),
+        (7, "units", ("kbtorch.ops.collective.units",)),
+        (8, "simulate", ("kbtorch.ops.collective.simulate",)),
+        (9, "side_by_side", ("kbtorch.ops.collective.side_by_side",)),
+        (10, "package", ("kbtorch.ops.collective",)),
     ),
 }
 
@@ -160,6 +183,26 @@ def _against(me: str, mine: tuple, m: str, theirs: tuple | None, how: str, where
     return []
 
 
+def _unplaced(me: str, key: str) -> list:
+    """The line for a module with no place in ``INNER[key]`` or in a table below it."""
+    table = INNER.get(key)
+    if table is None:
+        return []
+    found = _rank(me, table)
+    if found is None:
+        return [f"{me} has no place in {key}: give it a rank in INNER[{key!r}]"]
+    return _unplaced(me, f"{key}.{found[1]}")
+
+
+def _inner(me: str, m: str, how: str, key: str) -> list:
+    """The line for an import inside group ``key`` against ``INNER[key]``, one level further
+    down where both modules are of one group with a table of its own."""
+    mine, theirs = _rank(me, INNER[key]), _rank(m, INNER[key])
+    if theirs == mine and f"{key}.{mine[1]}" in INNER:
+        return _inner(me, m, how, f"{key}.{mine[1]}")
+    return _against(me, mine, m, theirs, how, f"{key}: ")
+
+
 def violations(graph: dict) -> list:
     """Every import against the order (``LAYERS``, and ``INNER`` inside a group), as readable
     lines; unranked modules too."""
@@ -170,8 +213,9 @@ def violations(graph: dict) -> list:
             out.append(f"{me} has no layer: give it a rank in LAYERS")
             continue
         inner = INNER.get(mine[1])
-        if inner and _rank(me, inner) is None:
-            out.append(f"{me} has no place in {mine[1]}: give it a rank in INNER[{mine[1]!r}]")
+        unplaced = _unplaced(me, mine[1])
+        if unplaced:
+            out += unplaced
             continue
         for m, how in sorted(graph[me].items()):
             theirs = _layer(m)
@@ -180,7 +224,7 @@ def violations(graph: dict) -> list:
             if mine[1] in PUBLIC_ONLY and theirs is not None and theirs[1] not in (mine[1], "api"):
                 out.append(f"{me} ({mine[1]}) imports {m}: {mine[1]} use the public API (kbtorch) only")
             elif inner and theirs == mine:
-                out += _against(me, _rank(me, inner), m, _rank(m, inner), how, f"{mine[1]}: ")
+                out += _inner(me, m, how, mine[1])
             else:
                 out += _against(me, mine, m, theirs, how)
     return out
@@ -237,9 +281,14 @@ def test_every_module_of_tensor_and_ops_has_a_place():
     assert _rank("kbtorch.tensor.parallel.plan", tensor) == (4, "parallel")
     assert _rank("kbtorch.tensor", tensor) == (5, "package") and _rank("kbtorch.tensor.other", tensor) is None
     assert _rank("kbtorch.ops.gemm_kernel", ops) == (1, "gemm") and _rank("kbtorch.ops.layout", ops) == (0, "contract")
+    collective = INNER["ops.collective"]
+    assert _rank("kbtorch.ops.collective.algorithms.ring", ops) == (1, "collective")
+    assert _rank("kbtorch.ops.collective.algorithms.ring", collective) == (1, "algorithms")
+    assert _rank("kbtorch.ops.collective", collective) == (10, "package")
     graph = _graph()
     for group, table in INNER.items():
-        assert all(_rank(m, table) for m in graph if _layer(m) == _layer(f"kbtorch.{group}")), group
+        root = f"kbtorch.{group}"
+        assert all(_rank(m, table) for m in graph if m == root or m.startswith(root + ".")), group
 
 
 def _plant(root: Path, files: dict) -> dict:
@@ -303,3 +352,27 @@ def test_the_walk_sees_imports_inside_functions():
     modules = {_name(f, ROOT) for f in _files(ROOT)}
     found = _imports(ROOT / "kbtorch" / "tensor" / "handlers" / "matmul.py", modules)
     assert found.get("kbtorch.ops.gemm") == "import" and "kbtorch.tensor.dispatch" in found
+
+
+def test_a_planted_back_import_inside_the_collective_package_fails(tmp_path):
+    """Inside ``ops/collective/``: the request importing the choice, an algorithm importing
+    the kernel, a module with no place in the package's order; the package root importing
+    everything is in order."""
+    graph = _plant(tmp_path, {
+        "kbtorch/__init__.py": "", "kbtorch/ops/__init__.py": "", "kbtorch/ops/contract.py": "",
+        "kbtorch/ops/collective/__init__.py": "from .choice import choose\nfrom .algorithms import ring\n",
+        "kbtorch/ops/collective/request.py": "from ..contract import x\nfrom .choice import choose\n",
+        "kbtorch/ops/collective/choice.py": "from .request import Request\n",
+        "kbtorch/ops/collective/kernel.py": "from .steps import Xfer\n", "kbtorch/ops/collective/steps.py": "",
+        "kbtorch/ops/collective/algorithms/__init__.py": "",
+        "kbtorch/ops/collective/algorithms/ring.py": "from ..steps import Xfer\nfrom ..kernel import k\n",
+        "kbtorch/ops/collective/extra.py": ""})
+    found = violations(graph)
+    assert found == [
+        "kbtorch.ops.collective.algorithms.ring (ops.collective: algorithms, rank 1) imports "
+        "kbtorch.ops.collective.kernel (ops.collective: models, rank 4)",
+        "kbtorch.ops.collective.extra has no place in ops.collective: give it a rank in INNER['ops.collective']",
+        "kbtorch.ops.collective.request (ops.collective: request, rank 0) imports "
+        "kbtorch.ops.collective.choice (ops.collective: choice, rank 6)"], found
+    assert _cycle(graph) == ["kbtorch.ops.collective.choice", "kbtorch.ops.collective.request",
+                             "kbtorch.ops.collective.choice"]

@@ -154,7 +154,7 @@ def multicast_tiny(write_topology, tiny_path):
 @pytest.mark.parametrize("kind", ["all_gather", "broadcast"])
 def test_direct_collective_copies_go_as_one_multicast(write_topology, tiny_path, tiny, kind):
     from kbtorch.ops.collective import collective, torch_reference
-    from kbtorch.ops.collective_group import make_grid, resolve_group
+    from kbtorch.ops.collective.groups import make_grid, resolve_group
     m = multicast_tiny(write_topology, tiny_path)
     assert m.multicast_nodes
     torch.manual_seed(2)

@@ -4,7 +4,7 @@ import torch
 
 import kbtorch
 from kbtorch import Mesh, Partial, Replicate, Shard, distribute_tensor
-from kbtorch.ops.collective_concurrent import LINE_ALGOS
+from kbtorch.ops.collective import LINE_ALGOS
 
 MESH = Mesh(tuple(range(16)), (2, 8))
 

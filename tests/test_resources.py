@@ -1,5 +1,5 @@
 """Busy time per resource of a program, added up without simulating it."""
-from kbtorch.ops import collective_model
+from kbtorch.ops.collective import analytic
 from kbtorch.sim.commands import Compute, Dma, Fetch, Loc, Send
 from kbtorch.sim.resources import resource_ps
 
@@ -23,5 +23,5 @@ def test_compute_send_and_fetch(ahbm):
     assert busy[(route[0], route[1])] == ahbm.graph.edges[route[0], route[1]]["flit_ps"]
 
 
-def test_collective_model_reports_the_same_function():
-    assert collective_model.resource_ps is resource_ps
+def test_the_collective_models_report_the_same_function():
+    assert analytic.resource_ps is resource_ps

@@ -5,9 +5,9 @@ import pytest
 
 from kbtorch.kernel import build, launch, run_programs
 from kbtorch.ops.collective import collective
-from kbtorch.ops.collective_group import make_grid, resolve_group
-from kbtorch.ops.collective_kernel import CollectiveKernel
-from kbtorch.ops.collective_plan import schedule
+from kbtorch.ops.collective.groups import make_grid, resolve_group
+from kbtorch.ops.collective.kernel import CollectiveKernel
+from kbtorch.ops.collective.schedules import schedule
 from kbtorch.ops.vector import elementwise_kernel
 from kbtorch.ops.gemm import simulate
 from kbtorch.ops.gemm_kernel import gemm_kernel

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kbtorch.ops.collective_group import resolve_group
+from kbtorch.ops.collective.groups import resolve_group
 from kbtorch.topology import TopologyError, load_machine
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -3,7 +3,7 @@
 ``resource_ps`` adds up what every resource would need for the programs' own traffic: each
 link flits x flit time; each HBM/SRAM slice bursts x burst time / channels; each GEMM/MATH
 engine its compute; each control processor the issue cost of its commands. The busiest
-resource is a lower bound on any run of the programs (``ops.collective_model`` reports it).
+resource is a lower bound on any run of the programs (``ops.collective.analytic`` reports it).
 """
 from __future__ import annotations
 

@@ -313,7 +313,7 @@ def reduce(machine, programs: dict) -> Reduction:
 def images(machine, programs: dict, groups: list) -> Reduction | None:
     """``reduce``'s answer, without reading the copies, for a run of ``groups`` (lists of PEs,
     the first ``programs``' own) in which every other group runs ``programs`` renamed onto its
-    PEs, position by position, as the caller built them (``ops.collective_rename``); None if
+    PEs, position by position, as the caller built them (``ops.collective.rename``); None if
     the first group is not alone in a unit or the others' units differ from its.
 
     Checked as ``reduce`` checks, and stricter: at the smallest level where the first group's

@@ -3,7 +3,7 @@
 ``redistribute(x, placements)`` changes the placement mesh dimension by mesh dimension and
 runs the collective that change needs on the PEs of every line of that dimension at once,
 recording it on the stream (one line: the algorithm with the least estimate; several:
-side by side, each with the best line algorithm: ``kbtorch.ops.collective_concurrent.on_groups``;
+side by side, each with the best line algorithm: ``kbtorch.ops.collective.side_by_side.on_groups``;
 cached per shape):
 
 - ``Shard(d) -> Replicate()``: all-gather; ``Partial() -> Replicate()``: all-reduce;
@@ -27,7 +27,7 @@ from math import prod
 
 import torch
 
-from ..ops.collective_concurrent import on_groups_run
+from ..ops.collective.side_by_side import on_groups_run
 from .dispatch import root, uid
 from .placement.spec import Partial, Replicate, Shard, Spec
 from .stream import CAPTURE, record, tracing

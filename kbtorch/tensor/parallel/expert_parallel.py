@@ -39,7 +39,7 @@ from functools import lru_cache
 
 import torch
 
-from ...ops.collective_concurrent import on_groups_run
+from ...ops.collective.side_by_side import on_groups_run
 from .. import stream
 from ..dispatch import is_ahbm, value_of
 from ..graph.join import simulate

@@ -40,7 +40,7 @@ from functools import lru_cache
 
 import torch
 
-from ...ops.collective_concurrent import on_groups_run
+from ...ops.collective.side_by_side import on_groups_run
 from .. import stream
 from ..dispatch import is_ahbm, leaves, map_leaves, value_of
 from ..placement.mesh import Mesh, chip_mesh, chip_rows, chips_of

@@ -1,12 +1,12 @@
-"""Multicast grouping of the collective kernel's copies (``collective_kernel``), shared with
-its alpha-beta model (``collective_model``): the copies of one packet that a member sends to
+"""Multicast grouping of the collective kernel's copies (``kernel``), shared with
+its alpha-beta model (``analytic``): the copies of one packet that a member sends to
 several receivers in one step are ONE multicast command when their tree, from the sender's
 HBM to the receivers' HBMs, splits only at multicast routers (a machine with
 ``multicast_nodes``)."""
 from __future__ import annotations
 
-from ..sim.components.dma import data_path
-from ..sim.multicast import MulticastError, can_multicast, tree
+from ...sim.components.dma import data_path
+from ...sim.multicast import MulticastError, can_multicast, tree
 
 
 def multicast_copies(machine, pes: tuple, sends: list, log: set | None = None) -> list:
@@ -28,7 +28,7 @@ def multicast_copies(machine, pes: tuple, sends: list, log: set | None = None) -
             groups.append([s])
     out = []
     for g in groups:
-        ok = len(g) == 1 or _tree_ok(machine, pes[g[0][0].src], tuple(pes[y.dst] for y, *_ in g))
+        ok = len(g) == 1 or tree_ok(machine, pes[g[0][0].src], tuple(pes[y.dst] for y, *_ in g))
         if len(g) > 1 and log is not None:
             log.add((g[0][0].src, tuple(y.dst for y, *_ in g), ok))
         if ok:
@@ -38,7 +38,7 @@ def multicast_copies(machine, pes: tuple, sends: list, log: set | None = None) -
     return out
 
 
-def _tree_ok(machine, src: int, dsts: tuple) -> bool:
+def tree_ok(machine, src: int, dsts: tuple) -> bool:
     """Whether member PE ``src``'s HBM reaches the HBMs of ``dsts`` by one multicast tree."""
     try:
         root = tree([data_path(machine, machine.pes[src].hbm, machine.pes[d].hbm) for d in dsts])

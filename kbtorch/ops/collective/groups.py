@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..topology.system import LEVELS as SYSTEM_LEVELS
-from .collective_plan import CollectiveError
+from ...topology.system import LEVELS as SYSTEM_LEVELS
+from .request import CollectiveError
 
 _LEVEL = re.compile(r"([A-Za-z_]+)(\d+)$")
 #: Lines longer than this keep their coordinate order (the greedy ring order asks for a

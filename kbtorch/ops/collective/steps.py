@@ -1,20 +1,12 @@
-"""The types of collective schedules and the building blocks their algorithms share.
+"""The steps of a collective schedule and the building blocks its algorithms share.
 
-``Xfer`` (one transfer of blocks from member to member), ``Schedule`` (steps of transfers),
-``CollectiveError``, the known kinds, algorithms, block orders and reductions, and the
-phases several algorithms are made of: ring reduce-scatter and all-gather, broadcast chains,
-recursive doubling, phases run side by side (``_merge``) and block renaming (``_relabel``).
-The algorithms themselves are in ``collective_plan`` (and ``collective_hier``)."""
+``Xfer`` (one transfer of blocks from member to member), ``Schedule`` (steps of transfers)
+and the phases several algorithms are made of: ring reduce-scatter and all-gather, broadcast
+chains, recursive doubling, phases run side by side (``merge``) and block renaming
+(``relabel``). The algorithms themselves are in ``algorithms/``, one module each."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
-
-KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
-ALGOS = ("ring", "bidir-ring", "2d", "direct", "tree", "hier")
-ORDERS = ("rank", "grid")
-OPS = {"sum": torch.add, "max": torch.maximum}
 
 
 @dataclass(frozen=True)
@@ -47,11 +39,7 @@ class Schedule:
         return sum(len(s) for s in self.steps)
 
 
-class CollectiveError(ValueError):
-    """A collective that cannot be built as asked (names the argument at fault)."""
-
-
-def _ring_rs(order: list, blocks_of, forward: bool = True) -> list:
+def ring_rs(order: list, blocks_of, forward: bool = True) -> list:
     """Reduce-scatter around ``order`` (member ids by ring position): the member at position
     ``p`` ends with the full reduction of ``blocks_of(p)``."""
     n = len(order)
@@ -65,7 +53,7 @@ def _ring_rs(order: list, blocks_of, forward: bool = True) -> list:
     return steps
 
 
-def _ring_ag(order: list, blocks_of, forward: bool = True) -> list:
+def ring_ag(order: list, blocks_of, forward: bool = True) -> list:
     """All-gather around ``order``: position ``p`` starts with ``blocks_of(p)``."""
     n = len(order)
     steps = []
@@ -78,7 +66,7 @@ def _ring_ag(order: list, blocks_of, forward: bool = True) -> list:
     return steps
 
 
-def _chain(order: list, root_pos: int, blocks: tuple, forward: bool = True, length: int | None = None) -> list:
+def chain(order: list, root_pos: int, blocks: tuple, forward: bool = True, length: int | None = None) -> list:
     """A broadcast chain from ``root_pos`` along ``order`` over ``length`` hops."""
     n = len(order)
     hops = n - 1 if length is None else length
@@ -87,7 +75,7 @@ def _chain(order: list, root_pos: int, blocks: tuple, forward: bool = True, leng
             for p in range(hops)]
 
 
-def _merge(*phases) -> list:
+def merge(*phases) -> list:
     """Run phases side by side: step k of the result is step k of every phase."""
     out: list = []
     for phase in phases:
@@ -98,7 +86,7 @@ def _merge(*phases) -> list:
     return out
 
 
-def _relabel(steps: list, order: list) -> list:
+def relabel(steps: list, order: list) -> list:
     """Blocks renamed so that block ``order[i]`` becomes block ``i``. NOTE: an all-reduce's
     block ids are free (every member holds and keeps all of them); in coordinate order
     (innermost dimension most significant) the blocks a member handles along each dimension
@@ -107,7 +95,7 @@ def _relabel(steps: list, order: list) -> list:
     return [[Xfer(x.src, x.dst, tuple(sorted(new[b] for b in x.blocks)), x.reduce) for x in step] for step in steps]
 
 
-def _doubling_all_reduce(order: list, blocks: tuple) -> list:
+def doubling_all_reduce(order: list, blocks: tuple) -> list:
     """Recursive doubling of ``blocks`` over ``order``; members beyond the largest power of
     two first fold into a partner and get the result back at the end."""
     n = len(order)

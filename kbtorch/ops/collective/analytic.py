@@ -8,7 +8,7 @@
   block depends on, each from the sender's TCM or HBM (whichever is faster) to the
   receiver (its TCM for a reduction, then fetch, one MATH element and store; its HBM for a
   copy, and for a reduction on a sprayed machine, then into its TCM:
-  ``collective_layout.sprayed_reductions``) and, for the rest of one packet, its slowest link's flit time; each transfer
+  ``kernel_layout.sprayed_reductions``) and, for the rest of one packet, its slowest link's flit time; each transfer
   also waits for the command that carries it: a member's
   control processor issues commands one at a time (``d_cmd`` of the smallest descriptor
   each): a composite for every step in which it reduces, and a DMA for every step in
@@ -24,7 +24,7 @@
   Both know the machine's mechanisms: a sprayed transfer (``[routing]`` policy other than
   ``single``) loads each of its paths by its share and streams at their summed bandwidth;
   copies of one packet to several receivers that the kernel sends as one multicast
-  (``collective_multicast.multicast_copies``) load each link of their tree once. So
+  (``multicast.multicast_copies``) load each link of their tree once. So
   ``algo="auto"`` prefers ``direct`` all-gathers and broadcasts where multicast makes their
   copies one, and weighs algorithms by the bandwidth of all paths where packets are sprayed
   (adaptively sprayed ones split where the step's other traffic leaves room: ``spread``).
@@ -33,11 +33,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..sim.components.dma import data_path, data_paths
-from ..sim.multicast import tree
-from ..sim.resources import resource_ps, spread  # noqa: F401 (resource_ps: part of this module's models)
-from .collective_layout import sprayed_reductions
-from .collective_multicast import _tree_ok
+from ...sim.components.dma import data_path, data_paths
+from ...sim.multicast import tree
+from ...sim.resources import resource_ps, spread  # noqa: F401 (resource_ps: part of this module's models)
+from .kernel_layout import sprayed_reductions
+from .multicast import tree_ok
 
 
 def describe(resource) -> str:
@@ -257,7 +257,7 @@ def _groups(machine, pes: tuple, step) -> list:
         groups.append([x])
     out = []
     for g in groups:
-        if len(g) > 1 and not _tree_ok(machine, pes[g[0].src], tuple(pes[y.dst] for y in g)):
+        if len(g) > 1 and not tree_ok(machine, pes[g[0].src], tuple(pes[y.dst] for y in g)):
             out.extend([y] for y in g)
         else:
             out.append(g)

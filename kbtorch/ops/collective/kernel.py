@@ -1,6 +1,6 @@
-"""The collective tile kernel: a schedule (``collective_plan``) turned into PE commands.
+"""The collective tile kernel: a schedule (``schedules``) turned into PE commands.
 
-Buffers, packets and addresses are ``collective_layout``'s. Each packet moves on its own, so
+Buffers, packets and addresses are ``kernel_layout``'s. Each packet moves on its own, so
 steps pipeline packet by packet; a step costs one command per packet, not per block. Per
 packet of a transfer:
 
@@ -13,7 +13,7 @@ packet of a transfer:
   write may carry part of the packet (the blocks that transfer sends on). After the
   composite the receiver returns a credit over IPCQ; a sender reuses a slot only after the
   credit for its previous use has arrived. On a sprayed machine
-  (``collective_layout.sprayed_reductions``) the slots are in the receiver's HBM (the
+  (``kernel_layout.sprayed_reductions``) the slots are in the receiver's HBM (the
   composite DMA_READs the landed packet too), a partial sum that the same step adds to again
   stays in TCM (``acc``: the staging area), rounds are software-pipelined (``_order``) and
   reduction sends paced (``_pace``).
@@ -21,7 +21,7 @@ packet of a transfer:
   composite that produced it), with a remote increment of the receiver's version semaphore.
   On a machine with multicast, the copies of one packet that a member sends to several
   receivers in one step (``direct`` all-gather and broadcast) are ONE multicast command
-  when their tree splits only at multicast routers (``collective_multicast``).
+  when their tree splits only at multicast routers (``multicast``).
 
 Semaphores: ``x{src}.{slot}`` (arrivals in a slot), ``c{dst}`` (credits from a receiver),
 ``k{src}`` (slot of that sender consumed), ``v{block}.{piece}`` or ``v{first}-{last}.{piece}``
@@ -34,9 +34,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..sim.commands import Move, Signal, Wait
-from .collective_layout import KernelLayout
-from .collective_multicast import _tree_ok, multicast_copies
+from ...sim.commands import Move, Signal, Wait
+from .kernel_layout import KernelLayout
+from .multicast import multicast_copies, tree_ok
 
 MAX_WRITES = 3          # NOTE: a kernel choice (writes per composite), not hardware
 PACE_ROUNDS = 2         # NOTE: a kernel choice: rounds of step 0 in flight when paced (``_pace``)
@@ -60,7 +60,7 @@ class CollectiveKernel(KernelLayout):
         """(round, step index, step, piece) in emission order.
 
         NOTE: pieces are taken in rounds of ``round`` (``ROUND``; sprayed ``SPRAY_ROUND``,
-        ``collective_layout``); inside a round every step runs for all
+        ``kernel_layout``); inside a round every step runs for all
         its pieces before the next step (so consecutive composites stream), rounds follow
         each other (NCCL's chunk loop). On a sprayed machine (``sprayed_reductions``) the
         rounds are software-pipelined instead: step ``k`` of round ``r`` comes with step 0 of
@@ -134,7 +134,7 @@ class CollectiveKernel(KernelLayout):
         """Whether members on PEs ``pes`` (another line of the same shape) would group this
         kernel's copies into multicasts as it did: the only choice of the kernel that depends
         on routes (``multicast_copies``)."""
-        return all(_tree_ok(self.m, pes[s], tuple(pes[d] for d in ds)) == ok for s, ds, ok in self.tree_log)
+        return all(tree_ok(self.m, pes[s], tuple(pes[d] for d in ds)) == ok for s, ds, ok in self.tree_log)
 
     def _use_indices(self) -> None:
         """Number every slot use of every channel in emission order: ``use_of[(id(xfer),

@@ -1,4 +1,5 @@
-"""Buffers, packets and addresses of the collective tile kernel (``collective_kernel``).
+"""Buffers, packets and addresses of the collective tile kernel (``kernel``), and the bytes
+per member it moves (``padded_bytes``).
 
 Buffers (per member, in its PE's HBM slice): ``IN`` (the input), ``OUT`` (the output; an
 all-gather or broadcast works in place there) and, where a value must rest between steps,
@@ -12,11 +13,12 @@ side by side (consecutive block ids inside an aligned group) share one packet.
 """
 from __future__ import annotations
 
-from ..kernel import contexts
-from ..runtime.allocator import AllocationError
-from ..sim.commands import Loc
-from .collective_plan import CollectiveError, Schedule
-from .layout import page_align, tcm_budget, tcm_granule
+from ...kernel import contexts
+from ...runtime.allocator import AllocationError
+from ...sim.commands import Loc
+from ..layout import page_align, tcm_budget, tcm_granule
+from .request import CollectiveError
+from .steps import Schedule
 
 # NOTE: buffering and packet choices of the kernel, not hardware (the TCM's size and granule
 # and the page come from the machine, through ``layout``).
@@ -81,6 +83,24 @@ def packet_size(xfer_bytes: int) -> int:
     tile; consecutive composites stream through the MATH engine's stage units, so more
     packets pipeline as tiles would."""
     return min(xfer_bytes, max(64 * 1024, min(MAX_PACKET, xfer_bytes // 4)))
+
+
+def padded_bytes(sched: Schedule, nbytes: int, eb: int) -> int | None:
+    """Per-member bytes the kernel moves for ``nbytes``: whole blocks of ``sched``.
+
+    NOTE: an all-reduce or a broadcast of any element count runs with its last block padded
+    (at most ``blocks - 1`` elements more; NCCL cuts the last chunk short instead: less than
+    one element per block apart). A reduce-scatter or all-gather needs equal member shares
+    (as torch's tensor collectives do), each a whole number of blocks: else None, the
+    algorithm does not apply."""
+    elems = nbytes // eb
+    if sched.kind == "all_to_all":
+        # NOTE: the kernel addresses an all-to-all's n x n blocks in one region per member
+        # (block s * n + d at its id), so it is given n x the member's buffer.
+        return nbytes * sched.n if elems % sched.n == 0 else None
+    if sched.kind in ("all_reduce", "broadcast"):
+        return -(-elems // sched.blocks) * sched.blocks * eb
+    return nbytes if elems % sched.blocks == 0 else None
 
 
 def largest_xfer_blocks(sched: Schedule) -> int:

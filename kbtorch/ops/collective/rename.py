@@ -1,4 +1,4 @@
-"""One line's collective programs renamed to another line of PEs (``collective_units``).
+"""One line's collective programs renamed to another line of PEs (``build.build_lines``).
 
 The lines of a collective across units (``across:chip:K``) run the same schedule on the
 same share, each on its own PEs: line ``t`` is PE ``t`` of every chip. The kernel's
@@ -18,8 +18,8 @@ lines: a line where one of the groupings the kernel asked would come out otherwi
 """
 from __future__ import annotations
 
-from ..sim.commands import Composite, Compute, Dma, Fetch, Loc, Move, Multicast, Send, Share, Store
-from ..sim.symmetry import hardware
+from ...sim.commands import Composite, Compute, Dma, Fetch, Loc, Move, Multicast, Send, Share, Store
+from ...sim.symmetry import hardware
 
 
 def _node(machine, node: str) -> tuple:
