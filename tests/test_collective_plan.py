@@ -53,11 +53,12 @@ def test_verify_every_reduction_and_gather(machines, topo, group, kind, algo):
         with pytest.raises(CollectiveError, match="power-of-two"):
             schedule(kind, algo, grid)
         return
-    if kind == "all_to_all" and algo in ("tree", "bidir-ring"):
-        with pytest.raises(CollectiveError, match="does not apply to all_to_all"):
-            schedule(kind, algo, grid)
+    try:
+        sched = schedule(kind, algo, grid)
+    except CollectiveError as exc:
+        # NOTE: an algorithm may not apply to a kind (tree, bidir-ring: all-to-all); it says so by name
+        assert f"algorithm '{algo}' does not apply to {kind}" in str(exc)
         return
-    sched = schedule(kind, algo, grid)
     assert (sched.kind, sched.algo, sched.n) == (kind, algo, n)
     assert sched.blocks % n == 0 or (kind, algo) in (("all_reduce", "tree"), ("all_reduce", "hier"))
     assert sched.transfers > 0
@@ -167,9 +168,8 @@ def test_reference_equals_torch(machines, topo, group, algo, op):
         root = n // 2 + 1 if kind == "broadcast" else 0
         try:
             sched = schedule(kind, algo, grid, root)
-        except CollectiveError:
-            assert (algo == "tree" and not _power_of_two(n)) or (kind, algo) in (("all_to_all", "tree"),
-                                                                                ("all_to_all", "bidir-ring"))
+        except CollectiveError as exc:
+            assert (algo == "tree" and not _power_of_two(n)) or f"algorithm '{algo}' does not apply to {kind}" in str(exc)
             continue
         per_member = 3 * sched.blocks
         numel = per_member // n if kind in ("all_gather", "all_to_all") else per_member
@@ -345,8 +345,9 @@ def test_every_list_of_algorithms_is_derived_from_the_registry():
     """``ALGOS`` by rank, ``LINE_ALGOS``, the op families' ``algo`` choices and the command
     line's ``--algo`` choices: each the registry's (``@algorithm``), nothing listed by hand."""
     assert ALGOS == tuple(sorted(ALGORITHMS, key=lambda a: ALGORITHMS[a].rank))
-    assert ALGOS == ("ring", "bidir-ring", "2d", "direct", "tree", "hier")
-    assert LINE_ALGOS == tuple(a for a in ALGOS if ALGORITHMS[a].lines) == ("ring", "bidir-ring", "tree")
+    assert ALGOS[:6] == ("ring", "bidir-ring", "2d", "direct", "tree", "hier")     # the shipped ones first
+    assert LINE_ALGOS == tuple(a for a in ALGOS if ALGORITHMS[a].lines)
+    assert LINE_ALGOS[:3] == ("ring", "bidir-ring", "tree")
     assert COLLECTIVE_ALGOS == (*ALGOS, "auto")
     for kind in KINDS:
         assert {p.name: p for p in family(kind).params}["algo"].choices == ("auto", *ALGOS)

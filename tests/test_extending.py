@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "extending.md"
 BLOCK = re.compile(r"```python\n# file: (\S+)\n(.*?)```", re.S)
 #: the recipe files the doc must give, by section.
-FILES = {"kbtorch/ops/hbm_copy.py", "kbtorch/tensor/handlers/hypot.py", "kbtorch/tensor/parallel/data_parallel.py"}
+FILES = {"kbtorch/ops/hbm_copy.py", "kbtorch/tensor/handlers/hypot.py", "kbtorch/tensor/parallel/data_parallel.py",
+         "kbtorch/ops/collective/algorithms/star.py"}
 
 
 def recipes() -> dict:
@@ -77,6 +78,13 @@ def test_a_new_op_family_conforms_and_has_a_command(copy):
 
 def test_a_new_machine_runs_the_conformance_table(copy):
     _pytest(copy, "tests/test_op_families.py", "-k", "conforms", KBTORCH_TEST_MACHINES="recipe_tiny")
+
+
+def test_a_new_collective_algorithm_is_checked_chosen_from_and_run(copy):
+    _pytest(copy, "tests/test_collective_plan.py", "-k", "star")
+    out = _run(copy, "-m", "kbtorch", "bench", "allreduce", "--algo", "star", "--bytes", "65536",
+               "--topology", "tests/data/tiny.toml")
+    assert "star" in out and " ns" in out
 
 
 def test_new_files_keep_the_layer_order(copy):
