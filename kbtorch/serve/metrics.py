@@ -65,7 +65,7 @@ def per_request(r) -> dict:
     ttft, e2e = r.token_s[0] - r.arrival_s, r.token_s[-1] - r.arrival_s
     n = len(r.token_s)
     return {"ttft_s": ttft, "e2e_s": e2e, "tpot_s": (e2e - ttft) / (n - 1) if n > 1 else 0.0,
-            "wait_s": r.first_scheduled_s - r.arrival_s, "itl_s": list(np.diff(r.token_s))}
+            "wait_s": r.first_scheduled_s - r.arrival_s, "itl_s": [b - a for a, b in zip(r.token_s, r.token_s[1:])]}
 
 
 def split(records: tuple, warmup: float, drain: float) -> tuple:
