@@ -140,6 +140,10 @@ class SimulatedStep:
         """KV cache bytes of one position, over all layers (bf16)."""
         return sum(b for _, _, b in kv_cache(self.model.config, 1, 1, 2))
 
+    def hbm_bytes(self) -> int:
+        """Modelled HBM of one replica: the machine's over its ``dp`` replicas."""
+        return int(self.machine.summary()["hbm_gib_total"] * 2 ** 30) // self.dp
+
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
