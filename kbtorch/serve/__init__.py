@@ -18,6 +18,7 @@ from .loop import ROUTERS, EngineConfig, RequestRecord, StepRecord, simulate
 from .metrics import compute, mlperf_p99, parse_slo, split, write_csv
 from .scheduler import SCHEDULERS, BatchEntry, Scheduler, SchedulerConfig
 from .steps import ConstantStep, TableStep
+
 from .workloads import Request, TraceError, Workload, arrivals, azure, lengths, mooncake, plain, rescale, synthetic, trace
 
 
@@ -75,7 +76,15 @@ def run(workload: Workload, step_model, kv_blocks: int, scheduler: str = "vllm",
     return ServeResult(metrics, records, steps, engine, replicas, router, step_model.describe(), warmup, drain, extra)
 
 
+def __getattr__(name):
+    # NOTE: the simulated step model imports transformers: only when asked for.
+    if name == "SimulatedStep":
+        from .simulated import SimulatedStep
+        return SimulatedStep
+    raise AttributeError(f"module kbtorch.serve has no attribute {name!r}")
+
+
 __all__ = ["BLOCK_TOKENS", "BatchEntry", "ConstantStep", "EngineConfig", "KVCache", "ROUTERS", "Request",
-           "RequestRecord", "SCHEDULERS", "Scheduler", "SchedulerConfig", "ServeResult", "StepRecord", "TableStep",
+           "RequestRecord", "SCHEDULERS", "Scheduler", "SchedulerConfig", "ServeResult", "SimulatedStep", "StepRecord", "TableStep",
            "TraceError", "Workload", "arrivals", "azure", "block_key", "capacity_blocks", "compute", "lengths",
            "mlperf_p99", "mooncake", "parse_slo", "plain", "rescale", "run", "simulate", "synthetic", "trace"]
