@@ -18,7 +18,6 @@ from .loop import ROUTERS, EngineConfig, RequestRecord, StepRecord, simulate
 from .metrics import compute, mlperf_p99, parse_slo, split, write_csv
 from .scheduler import SCHEDULERS, BatchEntry, Scheduler, SchedulerConfig
 from .steps import ConstantStep, TableStep
-
 from .workloads import Request, TraceError, Workload, arrivals, azure, lengths, mooncake, plain, rescale, synthetic, trace
 
 
