@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from .cli_common import _positive_int
+from .cli_common import _positive_int, check_output
 
 
 def add_parser(sub, common) -> None:
@@ -121,6 +121,9 @@ def _cmd_serve(args, machine):
     slos = _slos(args.slo)
     for name, value in slos.items():
         serve.parse_slo(name, value)
+    if args.csv:
+        inputs = {args.workload_trace: "the workload trace the run reads", args.step_table: "the step table the run reads"}
+        check_output(args.csv, "--csv", inputs, "csv")
     wl = _workload(args, serve)
     model, blocks = _step_model(args, serve)
     limits = serve.SchedulerConfig(args.max_num_batched_tokens, args.max_num_seqs, args.chunk_tokens)

@@ -43,6 +43,14 @@ def test_serve_bad_input(capsys, argv, message):
     assert out["error"] and message in out["message"], out
 
 
+def test_serve_csv_never_overwrites_its_trace(capsys, tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,input_tokens,output_tokens\n0,4,2\n1,4,2\n")
+    assert main(["serve", "--trace", str(trace), "--kv-blocks", "8", "--csv", str(trace)]) == 2
+    assert "is the workload trace the run reads" in capsys.readouterr().err
+    assert trace.read_text().startswith("arrival_s")
+
+
 @pytest.fixture(scope="module")
 def tiny_step():
     pytest.importorskip("transformers")
