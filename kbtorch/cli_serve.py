@@ -123,7 +123,7 @@ def _cmd_serve(args, machine):
         serve.parse_slo(name, value)
     if args.csv:
         inputs = {args.workload_trace: "the workload trace the run reads", args.step_table: "the step table the run reads"}
-        check_output(args.csv, "--csv", inputs, "csv")
+        check_output(args.csv, "--csv", inputs, "requests")
     wl = _workload(args, serve)
     model, blocks = _step_model(args, serve)
     limits = serve.SchedulerConfig(args.max_num_batched_tokens, args.max_num_seqs, args.chunk_tokens)

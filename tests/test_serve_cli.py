@@ -49,6 +49,9 @@ def test_serve_csv_never_overwrites_its_trace(capsys, tmp_path):
     assert main(["serve", "--trace", str(trace), "--kv-blocks", "8", "--csv", str(trace)]) == 2
     assert "is the workload trace the run reads" in capsys.readouterr().err
     assert trace.read_text().startswith("arrival_s")
+    out = tmp_path / "req.csv"
+    for _ in range(2):                                               # its own kind it overwrites
+        assert main(["serve", "--trace", str(trace), "--kv-blocks", "8", "--csv", str(out)]) == 0
 
 
 @pytest.fixture(scope="module")
