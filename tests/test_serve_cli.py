@@ -69,6 +69,8 @@ def test_simulated_step_model(tiny_step):
     done = m.simulated
     batch = tuple(serve.BatchEntry(i, 1, 512, False) for i in range(4))
     assert m.step_ns_of(batch) == m.shape_ns(4, 1, 512) and m.simulated == done
+    mixed = tuple(serve.BatchEntry(i, 1, 100 * i, False) for i in range(1, 4))   # mean context 200: simulated
+    assert m.step_ns_of(mixed) == m.shape_ns(3, 1, 200) and m.simulated == done + 1
     err = m.error()
     assert err["held_out_shapes"] == 2 and err["median_rel_error"] >= 0
     assert m.describe()["machine_digest"] == m.machine.digest

@@ -10,7 +10,9 @@ context. A shape is a *uniform* batch: ``rows`` requests, each computing ``new_t
 
 Simulated shapes are memoized by (the machine's content digest, model, plan, shape), shapes
 bucketed to a quarter octave. A batch the memo holds (every request the same bucketed shape)
-is answered from it; any other batch by a least-squares fit over the simulated points, on
+is answered from it; with ``direct_decodes`` (default) a decode-only batch is simulated as
+the uniform shape (its requests, 1 token, their mean context; bucketed, memoized); any other
+batch by a least-squares fit over the simulated points, on
 features summed over the batch's requests: 1, tokens T (with hinges max(0, T - k) at the
 quartiles of the training tokens: piecewise linear), attention work sum(new * context) and
 sum(new^2), KV positions read sum(context + new), and requests. ``error()`` reports the fit against direct simulation
@@ -59,8 +61,9 @@ class SimulatedStep:
     """Step times of ``model`` (a ``kbtorch.models.hf`` preset or config) on ``topology``."""
 
     def __init__(self, model: str = "qwen2.5-7b", topology: str | None = None, tp: int | None = None, dp: int = 1,
-                 grid: tuple = GRID, held_out: tuple = HELD_OUT):
+                 grid: tuple = GRID, held_out: tuple = HELD_OUT, direct_decodes: bool = True):
         self.model_name, self.topology, self.tp, self.dp = model, topology, tp, dp
+        self.direct_decodes = direct_decodes
         with self._machine():
             self.machine = kbtorch.current_machine()
             self.model, _ = build(model, torch.bfloat16, timing_only=True)
@@ -125,6 +128,9 @@ class SimulatedStep:
                 "max_rel_error": max(errs, default=None)}
 
     def step_ns_of(self, batch) -> float:
+        if self.direct_decodes and all(e.new_tokens == 1 for e in batch):
+            context = round(sum(e.context_tokens for e in batch) / len(batch))
+            return self.shape_ns(len(batch), 1, context)
         shapes = {(bucket(e.new_tokens), bucket(e.context_tokens) if e.context_tokens else 0) for e in batch}
         if len(shapes) == 1:
             new, ctx = next(iter(shapes))
@@ -149,6 +155,6 @@ class SimulatedStep:
 
     def describe(self) -> dict:
         return {"kind": "simulated", "model": self.model_name, "machine": self.machine.name,
-                "machine_digest": self.machine.digest, "plan": self.plan, "simulated_shapes": self.simulated,
+                "machine_digest": self.machine.digest, "plan": self.plan, "simulated_shapes": self.simulated, "direct_decodes": self.direct_decodes,
                 "fit_features": ["1", "tokens", "sum new*ctx", "sum new^2", "sum ctx+new", "requests",
                                  *(f"max(0, tokens-{k})" for k in self._knots)]}
