@@ -64,7 +64,6 @@ class KVCache:
         self._free: OrderedDict = OrderedDict((b, None) for b in range(blocks))
         self._by_key: dict = {}
         self._held: dict = {}
-        self.hits_blocks = 0
 
     @property
     def used(self) -> int:
@@ -73,9 +72,6 @@ class KVCache:
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_tokens)
-
-    def held(self, rid: int) -> int:
-        return len(self._held.get(rid, ()))
 
     def cached_prefix(self, request, tokens: int) -> list:
         """The blocks holding the leading full blocks of ``request``'s first ``tokens`` tokens
@@ -108,7 +104,6 @@ class KVCache:
                 del self._free[b]
             self._ref[b] += 1
             held.append(b)
-        self.hits_blocks += len(prefix)
         for _ in range(max(0, new)):
             b, _ = self._free.popitem(last=False)
             if self._key[b] is not None:
