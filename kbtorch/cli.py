@@ -27,6 +27,7 @@ from .topology.select import current_machine
 from .cli_common import (_byte_count, _nonneg_int, _pe_arg, _pes_arg, _positive_int, _run_info, _write_trace,
                          check_output, topology_inputs)
 from .cli_ops import add_family_parsers
+from .cli_serve import add_parser as add_serve_parser
 from .cli_sweep import add_parser as add_sweep_parser
 from .units import fmt_bytes, fmt_ns
 
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="micro-benchmarks").add_subparsers(dest="bench", metavar="BENCH", required=True)
     _bench_parsers(bench, common)
     add_sweep_parser(sub, common)
+    add_serve_parser(sub, common)
     return parser
 
 

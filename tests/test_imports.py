@@ -3,7 +3,7 @@ string ("kbtorch.cli_gemm:add_parser", "kbtorch.models.qwen2_sweep:layer"), goes
 to its own group or to a lower layer, and the module graph is acyclic.
 
 The order (``LAYERS``): units, limits -> topology -> sim -> runtime -> kernel -> ops -> tensor
--> profiler -> kbtorch (the public API) -> sweep | models -> cli. Inside ``tensor`` and ``ops``
+-> profiler -> kbtorch (the public API) -> sweep | models -> serve -> cli. Inside ``tensor`` and ``ops``
 the same rule holds one level down (``INNER``): tensor's placement -> core -> handlers ->
 graph -> parallel -> the package; ops' contract -> the op families, none importing another;
 and inside the collective family's package one level further down: the request and the
@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #:   ``python -m kbtorch`` (``kbtorch.__main__``) is the same command.
 #: - models (``kbtorch/models/``) use kbtorch as a user does: through the public API (the
 #:   package root) only (``PUBLIC_ONLY``).
+#: - serve (``kbtorch/serve/``) drives models: above them, below the cli (``kbtorch serve``);
+#:   like models it sees kbtorch through the public API only, and models.
 LAYERS = (
     (0, "base", ("kbtorch.units", "kbtorch.limits")),
     (1, "topology", ("kbtorch.topology",)),
@@ -42,7 +44,8 @@ LAYERS = (
     (8, "api", ("kbtorch",)),
     (9, "sweep", ("kbtorch.sweep",)),
     (9, "models", ("kbtorch.models",)),
-    (10, "cli", ("kbtorch.cli", "kbtorch.cli_*", "kbtorch.__main__")),
+    (10, "serve", ("kbtorch.serve",)),
+    (11, "cli", ("kbtorch.cli", "kbtorch.cli_*", "kbtorch.__main__")),
 )
 
 #: the group of the op families: each family its own group (``_rank``).
@@ -92,8 +95,9 @@ INNER = {
     ),
 }
 
-#: Groups that import the rest of kbtorch through the public API (``kbtorch``) only.
-PUBLIC_ONLY = ("models",)
+#: Groups that import the rest of kbtorch through the public API (``kbtorch``) only, and the
+#: groups named beside them.
+PUBLIC_ONLY = {"models": (), "serve": ("models",)}
 
 
 #: A string constant read as an import: ``package.module`` or ``module:function`` under one of
@@ -221,8 +225,9 @@ def violations(graph: dict) -> list:
             theirs = _layer(m)
             if theirs is None and how == "import":
                 continue
-            if mine[1] in PUBLIC_ONLY and theirs is not None and theirs[1] not in (mine[1], "api"):
-                out.append(f"{me} ({mine[1]}) imports {m}: {mine[1]} use the public API (kbtorch) only")
+            if mine[1] in PUBLIC_ONLY and theirs is not None and theirs[1] not in (mine[1], "api", *PUBLIC_ONLY[mine[1]]):
+                also = "".join(f" and {g}" for g in PUBLIC_ONLY[mine[1]])
+                out.append(f"{me} ({mine[1]}) imports {m}: {mine[1]} use the public API (kbtorch){also} only")
             elif inner and theirs == mine:
                 out += _inner(me, m, how, mine[1])
             else:
@@ -266,7 +271,8 @@ def test_every_import_follows_the_layer_order():
 
 
 def test_every_module_has_a_layer():
-    assert _layer("kbtorch") == (8, "api") and _layer("kbtorch.cli_gemm") == (10, "cli")
+    assert _layer("kbtorch") == (8, "api") and _layer("kbtorch.cli_gemm") == (11, "cli")
+    assert _layer("kbtorch.serve.loop") == (10, "serve")
     assert _layer("kbtorch.models.qwen2") == (9, "models") and _layer("kbtorch.units") == (0, "base")
     assert _layer("kbtorch.tensor.handlers.matmul") == _layer("kbtorch.tensor.graph.compile") == (6, "tensor")
     assert _layer("kbtorch.nowhere") is None and _layer("models.hf") is None
@@ -311,14 +317,18 @@ def test_a_planted_back_import_fails(tmp_path):
         "kbtorch/ops/vector.py": "CLI = 'kbtorch.cli_x:add_parser'\n",
         "kbtorch/models/__init__.py": "", "kbtorch/models/m.py": "import kbtorch\n",
         "kbtorch/models/deep.py": "from kbtorch.tensor.timing import run\n",
-        "kbtorch/sweep/__init__.py": "", "kbtorch/sweep/w.py": "BUILTIN = {'layer': 'kbtorch.models.m:layer'}\n"})
+        "kbtorch/sweep/__init__.py": "", "kbtorch/sweep/w.py": "BUILTIN = {'layer': 'kbtorch.models.m:layer'}\n",
+        "kbtorch/serve/__init__.py": "", "kbtorch/serve/s.py": "import kbtorch\nfrom kbtorch.models import m\n",
+        "kbtorch/serve/deep.py": "from kbtorch.tensor.timing import run\n"})
     found = violations(graph)
     assert found == [
         "kbtorch.models.deep (models) imports kbtorch.tensor: models use the public API (kbtorch) only",
         "kbtorch.models.deep (models) imports kbtorch.tensor.timing: models use the public API (kbtorch) only",
         "kbtorch.ops.gemm (ops, rank 5) imports kbtorch.tensor (tensor, rank 6)",
         "kbtorch.ops.gemm (ops, rank 5) imports kbtorch.tensor.timing (tensor, rank 6)",
-        "kbtorch.ops.vector (ops, rank 5) imports kbtorch.cli_x (cli, rank 10) by string",
+        "kbtorch.ops.vector (ops, rank 5) imports kbtorch.cli_x (cli, rank 11) by string",
+        "kbtorch.serve.deep (serve) imports kbtorch.tensor: serve use the public API (kbtorch) and models only",
+        "kbtorch.serve.deep (serve) imports kbtorch.tensor.timing: serve use the public API (kbtorch) and models only",
         "kbtorch.sweep.w (sweep, rank 9) imports kbtorch.models (models, rank 9) by string",
         "kbtorch.sweep.w (sweep, rank 9) imports kbtorch.models.m (models, rank 9) by string"], found
 

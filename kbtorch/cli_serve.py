@@ -1,0 +1,154 @@
+"""``kbtorch serve``: serve a workload (a trace or synthetic requests) through a batch scheduler
+on replicas of an engine, each step timed by a step model (``kbtorch.serve``); prints vLLM's
+benchmark figures, ``--json`` one object, ``--csv PATH`` one row per request.
+"""
+from __future__ import annotations
+
+import argparse
+
+from .cli_common import _positive_int, check_output
+
+
+def add_parser(sub, common) -> None:
+    p = sub.add_parser("serve", parents=[common], help="serve requests through a scheduler (kbtorch.serve)",
+                       description=__doc__.split("\n\n")[0].replace("``", "'"))
+    w = p.add_argument_group("workload")
+    w.add_argument("--trace", dest="workload_trace", metavar="NAME|PATH", help="azure-conv, azure-code (shipped), or a trace file")
+    w.add_argument("--trace-kind", choices=("azure", "mooncake", "plain"), help="the trace's format (default: by name)")
+    w.add_argument("--requests", type=_positive_int, default=1000, help="synthetic requests, or the first N of a trace")
+    w.add_argument("--qps", type=_rate, help="requests/s (a trace: rescaled to it)")
+    w.add_argument("--arrival", choices=("poisson", "gamma", "constant"), default="poisson")
+    w.add_argument("--burstiness", type=_rate, default=1.0, help="gamma shape (vLLM's --burstiness)")
+    w.add_argument("--input-tokens", type=_length, default="512", help="N, uniform:LO:HI or zipf:LO:HI:A")
+    w.add_argument("--output-tokens", type=_length, default="128", help="N, uniform:LO:HI or zipf:LO:HI:A")
+    w.add_argument("--concurrency", type=_positive_int, help="closed loop: this many requests outstanding")
+    w.add_argument("--seed", type=int, default=0)
+    e = p.add_argument_group("engine")
+    e.add_argument("--scheduler", default="vllm", help="vllm, sarathi, orca, static")
+    e.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
+    e.add_argument("--max-num-seqs", type=_positive_int, default=256)
+    e.add_argument("--chunk-tokens", type=_positive_int, default=512, help="sarathi's chunk")
+    e.add_argument("--kv-blocks", type=_positive_int, help="KV blocks per replica (default with --step simulated: "
+                   "the replica's HBM x --hbm-utilization minus the weights)")
+    e.add_argument("--hbm-utilization", type=_rate, default=0.9, help="share of HBM for weights + KV (as vLLM)")
+    e.add_argument("--block-tokens", type=_positive_int, default=16)
+    e.add_argument("--no-prefix-caching", action="store_true")
+    e.add_argument("--replicas", type=_positive_int, default=1)
+    e.add_argument("--router", default="round-robin", help="round-robin, least-outstanding, kv-load, prefix-affinity")
+    e.add_argument("--host-overhead-ns", type=float, default=0.0, help="host time added to every step")
+    s = p.add_argument_group("step model")
+    s.add_argument("--step", choices=("constant", "table", "simulated"), default="constant")
+    s.add_argument("--step-ns", type=float, default=20e6, help="--step constant: ns per step")
+    s.add_argument("--step-table", metavar="CSV", help="--step table: new_tokens,context_tokens,step_ns")
+    s.add_argument("--model", default="qwen2.5-7b", help="--step simulated: a kbtorch.models.hf preset or config")
+    s.add_argument("--tp", type=_positive_int, help="--step simulated: tensor parallel over N chips")
+    o = p.add_argument_group("output")
+    o.add_argument("--slo", action="append", default=[], metavar="NAME=VALUE", help="ttft=2s, tpot=200ms, e2el=...")
+    o.add_argument("--warmup", type=float, default=0.1, help="share of requests left out first")
+    o.add_argument("--drain", type=float, default=0.1, help="share of requests left out last")
+    o.add_argument("--csv", metavar="PATH", help="write one row per request")
+    p.set_defaults(func=_cmd_serve, needs_machine=False)
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive number")
+    return value
+
+
+def _length(text: str):
+    """``N`` -> N; ``uniform:LO:HI`` / ``zipf:LO:HI:A`` -> a dict of ``kbtorch.serve.lengths`` arguments."""
+    parts = text.split(":")
+    try:
+        if len(parts) == 1:
+            return int(parts[0])
+        if parts[0] == "uniform" and len(parts) == 3:
+            return {"kind": "uniform", "low": int(parts[1]), "high": int(parts[2])}
+        if parts[0] == "zipf" and len(parts) == 4:
+            return {"kind": "zipf", "low": int(parts[1]), "high": int(parts[2]), "a": float(parts[3])}
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"'{text}' is not N, uniform:LO:HI or zipf:LO:HI:A")
+
+
+def _workload(args, serve):
+    # NOTE: dest workload_trace: the command line's own --trace (the event trace) is another option.
+    if args.workload_trace:
+        wl = serve.trace(args.workload_trace, args.trace_kind)
+        return serve.rescale(wl, qps=args.qps, limit=args.requests)
+    if args.qps is None and args.concurrency is None:
+        raise ValueError("argument --qps: synthetic requests need --qps or --concurrency")
+    return serve.synthetic(args.requests, args.qps or 1.0, args.input_tokens, args.output_tokens, args.arrival,
+                           args.seed, args.burstiness, args.concurrency)
+
+
+def _step_model(args, serve):
+    """(step model, KV blocks per replica)."""
+    if args.step == "constant":
+        model = serve.ConstantStep(args.step_ns)
+    elif args.step == "table":
+        if not args.step_table:
+            raise ValueError("argument --step-table: --step table needs a CSV")
+        model = serve.TableStep.read(args.step_table)
+    else:
+        from .serve.simulated import SimulatedStep
+        model = SimulatedStep(args.model, getattr(args, "topology", None), args.tp, args.replicas)
+        if args.kv_blocks is None:
+            hbm = model.hbm_bytes()
+            return model, serve.capacity_blocks(hbm, model.weight_bytes(), round(hbm * (1 - args.hbm_utilization)),
+                                                model.kv_bytes_per_token(), args.block_tokens)
+    if args.kv_blocks is None:
+        raise ValueError(f"argument --kv-blocks: needed with --step {args.step}")
+    return model, args.kv_blocks
+
+
+def _slos(items: list) -> dict:
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"argument --slo: '{item}' is not NAME=VALUE (e.g. ttft=2s)")
+        out[name.strip()] = value
+    return out
+
+
+def _cmd_serve(args, machine):
+    from . import serve
+    slos = _slos(args.slo)
+    for name, value in slos.items():
+        serve.parse_slo(name, value)
+    if args.csv:
+        inputs = {args.workload_trace: "the workload trace the run reads", args.step_table: "the step table the run reads"}
+        check_output(args.csv, "--csv", inputs, "requests")
+    wl = _workload(args, serve)
+    model, blocks = _step_model(args, serve)
+    limits = serve.SchedulerConfig(args.max_num_batched_tokens, args.max_num_seqs, args.chunk_tokens)
+    result = serve.run(wl, model, blocks, args.scheduler, limits, args.replicas, args.router, args.host_overhead_ns,
+                       args.block_tokens, not args.no_prefix_caching, slos, args.warmup, args.drain)
+    if args.csv:
+        result.write_csv(args.csv)
+    return result.to_json(), _text(result)
+
+
+def _text(result) -> str:
+    m = result.metrics
+    lines = [f"{m['completed']} requests served ({m['refused']} refused; warm-up {m['warmup_requests']} and drain "
+             f"{m['drain_requests']} left out) in {m['duration_s']:.3f} s: {m['label']}",
+             f"scheduler {result.engine.scheduler}, {result.replicas} replica(s) of {result.engine.kv_blocks} KV blocks, "
+             f"router {result.router}, step model {result.step_model['kind']}"]
+    for key in ("request_throughput", "request_goodput", "output_throughput", "total_token_throughput"):
+        if m[key] is not None:
+            lines.append(f"{key.replace('_', ' ')}: {m[key]:.3f} /s")
+    for k in ("ttft", "tpot", "itl", "e2el"):
+        if m[f"mean_{k}_ms"] is not None:
+            lines.append(f"{k.upper():5} ms  mean {m[f'mean_{k}_ms']:.3f}  p50 {m[f'p50_{k}_ms']:.3f}  "
+                         f"p90 {m[f'p90_{k}_ms']:.3f}  p99 {m[f'p99_{k}_ms']:.3f}")
+    if "step_model_error" in result.extra:
+        e = result.extra["step_model_error"]
+        lines.append(f"step model fit vs direct simulation, {e['held_out_shapes']} held-out shapes: median "
+                     f"{100 * e['median_rel_error']:.1f}%, p95 {100 * e['p95_rel_error']:.1f}%")
+    return "\n".join(lines)

@@ -1,0 +1,89 @@
+"""Serving on simulated hardware: request workloads through batch schedulers, a paged KV cache,
+replicas behind a router, each iteration timed by a step model (docs/model.md "Serving").
+
+    import kbtorch.serve as serve
+    wl = serve.synthetic(1000, qps=4.0, input_tokens={"kind": "uniform", "low": 64, "high": 1024},
+                         output_tokens=128, seed=0)
+    result = serve.run(wl, serve.ConstantStep(step_ns=20e6), kv_blocks=4096, slos={"ttft": "2s", "tpot": "200ms"})
+    result.metrics["p99_ttft_ms"], result.metrics["label"]
+
+Layer: above the public API and ``kbtorch.models`` (tests/test_imports.py); it uses nothing else of kbtorch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .kv import BLOCK_TOKENS, KVCache, block_key, capacity_blocks
+from .loop import ROUTERS, EngineConfig, RequestRecord, StepRecord, simulate
+from .metrics import compute, mlperf_p99, parse_slo, split, write_csv
+from .scheduler import SCHEDULERS, BatchEntry, Scheduler, SchedulerConfig
+from .steps import ConstantStep, TableStep
+from .workloads import Request, TraceError, Workload, arrivals, azure, lengths, mooncake, plain, rescale, synthetic, trace
+
+
+@dataclass(frozen=True)
+class ServeResult:
+    """A run: every figure (``metrics``), what happened to each request and each step, and how
+    it was set up (``engine``, ``replicas``, ``router``, ``step_model``: its description)."""
+
+    metrics: dict
+    requests: tuple
+    steps: tuple
+    engine: EngineConfig
+    replicas: int
+    router: str
+    step_model: dict
+    warmup: float = 0.1
+    drain: float = 0.1
+    extra: dict = field(default_factory=dict)
+
+    def timeline(self) -> list:
+        """(start_s, replica, KV share held, waiting requests) of every step."""
+        cap = self.engine.kv_blocks
+        return [(s.start_s, s.replica, s.kv_used_blocks / cap, s.waiting) for s in self.steps]
+
+    def to_json(self) -> dict:
+        """One JSON object: the figures, the setup and the peaks of the timeline."""
+        line = self.timeline()
+        return {"metrics": self.metrics, "step_model": self.step_model, "replicas": self.replicas, "router": self.router,
+                "scheduler": self.engine.scheduler, "kv_blocks": self.engine.kv_blocks,
+                "block_tokens": self.engine.block_tokens, "host_overhead_ns": self.engine.host_overhead_ns,
+                "max_num_batched_tokens": self.engine.limits.max_num_batched_tokens,
+                "max_num_seqs": self.engine.limits.max_num_seqs, "requests": len(self.requests), "steps": len(self.steps),
+                "peak_kv_share": max((x[2] for x in line), default=0.0),
+                "peak_waiting": max((x[3] for x in line), default=0), **self.extra}
+
+    def write_csv(self, path: str) -> None:
+        write_csv(path, self.requests, self.warmup, self.drain)
+
+
+def run(workload: Workload, step_model, kv_blocks: int, scheduler: str = "vllm",
+        limits: SchedulerConfig | None = None, replicas: int = 1, router: str = "round-robin",
+        host_overhead_ns: float = 0.0, block_tokens: int = BLOCK_TOKENS, prefix_caching: bool = True,
+        slos: dict | None = None, warmup: float = 0.1, drain: float = 0.1) -> ServeResult:
+    """Serve ``workload`` on ``replicas`` engines of ``kv_blocks`` blocks each, every step timed
+    by ``step_model`` plus ``host_overhead_ns`` -> the frozen result. The SLOs and the shares
+    are checked before the run."""
+    for k, v in (slos or {}).items():
+        parse_slo(k, v)
+    split((), warmup, drain)
+    engine = EngineConfig(kv_blocks, scheduler, limits or SchedulerConfig(), block_tokens, prefix_caching,
+                          host_overhead_ns)
+    records, steps = simulate(workload, step_model, engine, replicas, router)
+    metrics = compute(records, slos, warmup, drain)
+    extra = {"step_model_error": step_model.error()} if hasattr(step_model, "error") else {}
+    return ServeResult(metrics, records, steps, engine, replicas, router, step_model.describe(), warmup, drain, extra)
+
+
+def __getattr__(name):
+    # NOTE: the simulated step model imports transformers: only when asked for.
+    if name == "SimulatedStep":
+        from .simulated import SimulatedStep
+        return SimulatedStep
+    raise AttributeError(f"module kbtorch.serve has no attribute {name!r}")
+
+
+__all__ = ["BLOCK_TOKENS", "BatchEntry", "ConstantStep", "EngineConfig", "KVCache", "ROUTERS", "Request",
+           "RequestRecord", "SCHEDULERS", "Scheduler", "SchedulerConfig", "ServeResult", "SimulatedStep", "StepRecord", "TableStep",
+           "TraceError", "Workload", "arrivals", "azure", "block_key", "capacity_blocks", "compute", "lengths",
+           "mlperf_p99", "mooncake", "parse_slo", "plain", "rescale", "run", "simulate", "synthetic", "trace"]

@@ -1,0 +1,79 @@
+"""``kbtorch serve`` and the simulated step model (tiny model on the tiny test machine)."""
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+import kbtorch.serve as serve
+from kbtorch.cli import main
+
+TINY = str(Path(__file__).parent / "data" / "tiny.toml")
+
+
+def test_serve_json_is_one_object(capsys, tmp_path):
+    out = tmp_path / "req.csv"
+    argv = ["serve", "--trace", "azure-code", "--requests", "100", "--qps", "2", "--kv-blocks", "4096",
+            "--slo", "ttft=2s", "--slo", "tpot=200ms", "--step-ns", "5e6", "--csv", str(out), "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["metrics"]["completed"] == 80 and data["metrics"]["slos_ms"] == {"ttft": 2000.0, "tpot": 200.0}
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 100 and {r["phase"] for r in rows} == {"warmup", "measured", "drain"}
+
+
+def test_serve_text(capsys):
+    assert main(["serve", "--requests", "40", "--qps", "5", "--kv-blocks", "512", "--scheduler", "sarathi"]) == 0
+    text = capsys.readouterr().out
+    assert "32 requests served" in text and "TTFT" in text and "scheduler sarathi" in text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--qps", "1", "--kv-blocks", "8", "--slo", "ttft=2000"], "SLO 'ttft': '2000' needs a unit"),
+    (["--qps", "1", "--kv-blocks", "8", "--slo", "ttft"], "is not NAME=VALUE"),
+    (["--kv-blocks", "8"], "need --qps or --concurrency"),
+    (["--qps", "1"], "argument --kv-blocks: needed with --step constant"),
+    (["--qps", "1", "--kv-blocks", "8", "--scheduler", "fifo"], "unknown policy 'fifo'"),
+    (["--qps", "1", "--kv-blocks", "8", "--input-tokens", "zipf:1"], "is not N, uniform:LO:HI"),
+    (["--qps", "1", "--kv-blocks", "8", "--step", "table"], "--step table needs a CSV"),
+    (["--qps", "1", "--kv-blocks", "0"], "must be a positive integer")])
+def test_serve_bad_input(capsys, argv, message):
+    assert main(["serve", "--requests", "4", *argv, "--json"]) == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["error"] and message in out["message"], out
+
+
+def test_serve_csv_never_overwrites_its_trace(capsys, tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,input_tokens,output_tokens\n0,4,2\n1,4,2\n")
+    assert main(["serve", "--trace", str(trace), "--kv-blocks", "8", "--csv", str(trace)]) == 2
+    assert "is the workload trace the run reads" in capsys.readouterr().err
+    assert trace.read_text().startswith("arrival_s")
+    out = tmp_path / "req.csv"
+    for _ in range(2):                                               # its own kind it overwrites
+        assert main(["serve", "--trace", str(trace), "--kv-blocks", "8", "--csv", str(out)]) == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_step():
+    pytest.importorskip("transformers")
+    grid = ((1, 1, 64), (4, 1, 64), (1, 1, 512), (4, 1, 512), (1, 32, 0), (1, 128, 0), (2, 32, 64))
+    return serve.SimulatedStep("tiny-qwen2", TINY, grid=grid, held_out=((2, 1, 256), (1, 64, 0)))
+
+
+def test_simulated_step_model(tiny_step):
+    """Decode time grows with context; a memoized shape answers from the memo; the fit's
+    error on held-out shapes is reported; the machine's digest keys the memo."""
+    m = tiny_step
+    assert m.shape_ns(1, 1, 512) > m.shape_ns(1, 1, 64) > 0
+    done = m.simulated
+    batch = tuple(serve.BatchEntry(i, 1, 512, False) for i in range(4))
+    assert m.step_ns_of(batch) == m.shape_ns(4, 1, 512) and m.simulated == done
+    mixed = tuple(serve.BatchEntry(i, 1, 100 * i, False) for i in range(1, 4))   # mean context 200: simulated
+    assert m.step_ns_of(mixed) == m.shape_ns(3, 1, 200) and m.simulated == done + 1
+    err = m.error()
+    assert err["held_out_shapes"] == 2 and err["median_rel_error"] >= 0
+    assert m.describe()["machine_digest"] == m.machine.digest
+    r = serve.run(serve.synthetic(30, 50.0, {"kind": "uniform", "low": 8, "high": 200}, 8), m, kv_blocks=256)
+    assert r.metrics["completed"] == 24 and r.extra["step_model_error"] == err
+    assert m.kv_bytes_per_token() > 0 and m.hbm_bytes() > m.weight_bytes() > 0
