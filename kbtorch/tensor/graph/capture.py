@@ -36,6 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ...ops.contract import bottleneck, memory_bytes
 from ...sim.engine import paused_gc
 from ...topology import current_machine
+from ...topology.select import as_machine
 from ...topology.kinds import kind_name
 from .. import stream
 from ..dispatch import dispatch, is_ahbm, root, uid
@@ -128,7 +129,11 @@ class Graph:
                  periodic: bool = True, order: str = "program", overlap: bool = True):
         if order not in ("program", "ready"):
             raise ValueError(f"kbtorch.graph(order={order!r}): 'program' or 'ready'")
-        self.machine, self.fuse, self.mode, self.name = machine, fuse, mode, name
+        # NOTE: a machine name or path as everywhere else (``as_machine``); the ops still run on
+        # the machine in force, so one of another machine is refused at its first kernel.
+        self.machine = None if machine is None else as_machine(machine)
+        self._asked = self.machine is not None
+        self.fuse, self.mode, self.name = fuse, mode, name
         self.periodic, self.order, self.overlap = periodic, order, overlap
         self.nodes: list[Node] = []
         self.kernels: list[Kernel] = []
@@ -189,6 +194,9 @@ class Graph:
         outside any op (a direct ``redistribute``) depends on every kernel before it."""
         if self.machine is None:
             self.machine = machine
+        elif machine is not self.machine and self._asked:
+            raise RuntimeError(f"kbtorch.graph(machine='{self.machine.name}'): the ops ran on '{machine.name}', "
+                               f"the machine in force: run them under kbtorch.use('{self.machine.name}')")
         elif machine is not self.machine:
             raise RuntimeError(f"kbtorch.graph(): kernels of two machines ('{self.machine.name}' and "
                                f"'{machine.name}') in one graph")
