@@ -62,3 +62,22 @@ def test_a_changed_batch_recaptures(small):
         m(torch.empty(4, 32, device="ahbm")), m(torch.empty(4, 32, device="ahbm"))
         assert m(torch.empty(8, 32, device="ahbm")).shape == (8, 64)
         assert m.forward.recaptures == ["argument 0 changed"]
+
+
+def test_a_static_cache_model_whose_batch_changes_recaptures(small):
+    """A graphed static-cache generate at batch 1, then 2, then 1 again: the new batch is
+    captured (no meta copy), the old one replays again (issue 45)."""
+    import pytest
+    pytest.importorskip("transformers")
+    from kbtorch.models.hf import build
+    with kbtorch.timing_only():
+        model, _ = build("tiny-llama", torch.bfloat16, timing_only=True)
+        model.to("ahbm")
+    kbtorch.graphed(model)
+    for b in (1, 2, 1):
+        ids = torch.randint(2, 100, (b, 6))
+        with kbtorch.timing_only(), torch.no_grad():
+            out = model.generate(ids.to("ahbm"), attention_mask=torch.ones_like(ids).to("ahbm"), max_new_tokens=3,
+                                 min_new_tokens=3, do_sample=False, cache_implementation="static")
+        assert tuple(out.shape) == (b, 9)
+    assert model.forward.graphs["replayed"] >= 3 and "argument input_ids changed" in model.forward.recaptures

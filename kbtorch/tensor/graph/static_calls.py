@@ -113,18 +113,6 @@ def _named(path: tuple) -> str:
     return f"argument {str(path[1]).strip(chr(39))}" + "".join(f"[{p}]" for p in path[2:])
 
 
-def unread(g: Graph, seen: tuple, args, kwargs) -> bool:
-    """Whether ``g`` read a device tensor from outside the call that ``seen`` does not hold by
-    identity (a global a helper function reads): its replay could not be guarded."""
-    held = {entry[2][0] for entry in seen if len(entry) > 2 and entry[1] == "ahbm" and entry[2] is not None}
-    given = {id(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-    for node in g.nodes:
-        for leaf in tree_flatten((node.args, node.kwargs))[0]:
-            if is_ahbm(leaf) and id(leaf) not in held and id(leaf) not in given:
-                return True
-    return False
-
-
 def _walk(x, path: tuple, depth: int, held: bool, out: list) -> None:
     if isinstance(x, torch.Tensor):
         if is_ahbm(x):
@@ -210,8 +198,8 @@ def graphed(fn, *, name: str | None = None, host_replay: bool = True, **options)
     arguments' shapes, the module's weights and Python attributes (``self.wide = True``
     flips a branch), and what the function reads from outside (its closure and globals: a
     weight that grew or was replaced). On a change the call is captured again, and
-    ``wrapper.recaptures`` says why (``"module attribute 'wide' changed"``); a call whose
-    graph read a device tensor none of these hold is captured every time."""
+    ``wrapper.recaptures`` says why (``"module attribute 'wide' changed"``). NOTE: what a
+    helper function called from ``fn`` reads from its own globals is not guarded."""
     module = fn if isinstance(fn, torch.nn.Module) else None
     call = module.forward if module is not None else fn
     label = name or getattr(type(module), "__name__", None) or getattr(fn, "__name__", "graph")
@@ -234,7 +222,7 @@ def graphed(fn, *, name: str | None = None, host_replay: bool = True, **options)
             with Graph(name=label, **options) as g:
                 out = call(*args, **kwargs)
             wrapper.graphs["retimed"] += 1 if g.retimed else 0
-            if before is not None and g.kernels and not reads_host(g) and not unread(g, before, args, kwargs) \
+            if before is not None and g.kernels and not reads_host(g) \
                     and state(args, kwargs, module, call) == before:
                 try:
                     static[before] = (g, Outputs(out, args, kwargs, before))
