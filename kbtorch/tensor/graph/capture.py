@@ -123,7 +123,10 @@ def user_site() -> str:
 
 class Graph:
     """A captured graph (see the module docstring): ``nodes``, ``kernels``, and once timed,
-    ``plan`` (the fused kernels and their schedule), ``latency_ns`` and ``report()``."""
+    ``plan`` (the fused kernels and their schedule), ``latency_ns`` and ``report()``.
+    ``machine``: a Machine, a topology name or a path (the ops must run on it: ``kbtorch.use``).
+    ``replay()`` re-runs the captured nodes whatever changed since (CUDA-graph semantics);
+    ``kbtorch.graphed`` captures again when what a call read changed (docs/model.md)."""
 
     def __init__(self, machine=None, *, fuse: bool = True, mode: str = "auto", name: str = "graph",
                  periodic: bool = True, order: str = "program", overlap: bool = True):
