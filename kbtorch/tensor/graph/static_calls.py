@@ -3,7 +3,8 @@ and, timing-only, a static call replayed without running it on the host.
 
 A call is *static* when what it reaches through its arguments (``state``: their tensors'
 shapes and placements, the objects it is given by identity, and the tensors those objects
-hold by identity, shape and placement) is the same after the call as before: it wrote
+hold by identity, shape and placement; the module's weights and Python attributes, and the
+closure and globals the function's code reads) is the same after the call as before: it wrote
 tensors only in place (decode with Hugging Face's ``StaticCache``, whose generate loop
 hands the forward fixed-shape inputs). In timing-only mode (``kbtorch.timing_only``) its
 tensors hold no data, so a later call in the same state, with the same module weights,
