@@ -121,3 +121,30 @@ def test_out_variant_writes_into_a_view(small):
     assert prof.total_ns > 0
     with pytest.raises(RuntimeError, match=r"does not fit out= \(3, 3\)"):
         torch.mm(da, db, out=dout[:3])
+
+
+def test_factory_ops_on_the_device_inside_compile(small):
+    """``torch.ones``/``arange`` on ahbm and a factory from an ahbm tensor (``new_zeros``) run
+    inside a compiled graph with eager's values (issue 45)."""
+    def fn(x):
+        return x + torch.ones(4, 8, device="ahbm") + torch.arange(8, device="ahbm", dtype=torch.float32) \
+            + x.new_zeros(4, 8) + x.new_ones(4, 8)
+    x = torch.randn(4, 8).to("ahbm")
+    got = torch.compile(fn, backend="kbtorch")(x)
+    assert got.device.type == "ahbm" and torch.equal(got.cpu(), fn(x).cpu())
+
+
+def test_a_new_function_with_the_same_ops_is_a_new_graph_not_a_recompile(small):
+    """The report names a recompile only of the same frame: a second function with the same
+    ops and shapes is its own graph (issue 45)."""
+    def f(x):
+        return x * 3 - 1
+
+    def g(x):
+        return x * 3 - 1
+    start = len(kc.compiled())
+    x = torch.randn(4, 8).to("ahbm")
+    torch.compile(f, backend="kbtorch")(x)
+    torch.compile(g, backend="kbtorch")(x)
+    got = kc.compiled()[start:]
+    assert [c["recompiles"] for c in got] == [None, None]

@@ -382,3 +382,52 @@ def test_a_graph_is_planned_and_simulated_with_the_collector_paused(small, monke
     with kbtorch.graph():
         _fn(w, b)(torch.randn(8, 32).to("ahbm"))
     assert seen == [False] and gc.isenabled()
+
+
+def test_graph_takes_a_machine_name_and_refuses_another_machines_ops(small):
+    """``kbtorch.graph(machine=...)`` takes a name or path like the rest of the API; ops that
+    ran on another machine are refused, naming both (issue 45)."""
+    x = torch.ones(4, 8, device="ahbm")
+    with kbtorch.graph(machine=str(small.path)) as g:
+        x * 2
+    assert g.machine is small and g.latency_ns > 0
+    with pytest.raises(RuntimeError, match=r"machine='maia200'.*ran on"):
+        with kbtorch.graph(machine="maia200"):
+            x * 2
+
+
+def test_a_vector_pass_never_joins_a_group_another_kernel_already_waits_for(small):
+    """A group read outside it is closed: the pass that reads it and another kernel's result
+    runs on its own, and every planned kernel comes after what it waits for (issue 45)."""
+    a, w = torch.randn(8, 16).to("ahbm"), torch.randn(16, 16).to("ahbm")
+    with kbtorch.graph() as g:
+        t = torch.cos(a) * 2                 # a shared table
+        u = t + 1                            # read outside the table's group
+        v = (a @ w) * t                      # a GEMM's result times the table
+        out = (u + v).sum()
+    _plan_keeps_every_dependency(g)
+    assert torch.allclose(out.cpu(), ((torch.cos(a.cpu()) * 2 + 1) + (a.cpu() @ w.cpu()) * torch.cos(a.cpu()) * 2).sum(), rtol=1e-4)
+
+
+def _plan_keeps_every_dependency(g):
+    """Every planned kernel waits for the planned kernels holding what its members wait for
+    (a norm prologue's members are recomputed by each GEMM reading it: not waited for)."""
+    def held(k):
+        gemm = next((j for j, m in enumerate(k.members) if g.kernels[m].timed.kernel == "gemm"), 0)
+        return k.members[gemm:] if k.kernel.startswith("norm+") else k.members
+    at = {m: i for i, k in enumerate(g.plan.kernels) for m in held(k)}
+    for i, k in enumerate(g.plan.kernels):
+        want = {at[d] for m in k.members for d in g.kernels[m].deps if d in at and at[d] != i}
+        assert want <= set(k.deps) and all(d < i for d in k.deps), (i, k.kernel, want, k.deps)
+
+
+def test_the_tiny_llamas_batch_1_plan_keeps_the_rotary_tables_dependencies():
+    """On AHBM at batch 1 the k path's mul joined the rotary tables' group after the q path
+    had read it: the q path then did not wait for the tables (issue 45)."""
+    pytest.importorskip("transformers")
+    from kbtorch.models.hf import build
+    model, _ = build("tiny-llama")
+    model = model.to("ahbm")
+    with torch.no_grad(), kbtorch.graph() as g:
+        model(torch.randint(0, 100, (1, 6)).to("ahbm"))
+    _plan_keeps_every_dependency(g)

@@ -36,6 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ...ops.contract import bottleneck, memory_bytes
 from ...sim.engine import paused_gc
 from ...topology import current_machine
+from ...topology.select import as_machine
 from ...topology.kinds import kind_name
 from .. import stream
 from ..dispatch import dispatch, is_ahbm, root, uid
@@ -122,13 +123,20 @@ def user_site() -> str:
 
 class Graph:
     """A captured graph (see the module docstring): ``nodes``, ``kernels``, and once timed,
-    ``plan`` (the fused kernels and their schedule), ``latency_ns`` and ``report()``."""
+    ``plan`` (the fused kernels and their schedule), ``latency_ns`` and ``report()``.
+    ``machine``: a Machine, a topology name or a path (the ops must run on it: ``kbtorch.use``).
+    ``replay()`` re-runs the captured nodes whatever changed since (CUDA-graph semantics);
+    ``kbtorch.graphed`` captures again when what a call read changed (docs/model.md)."""
 
     def __init__(self, machine=None, *, fuse: bool = True, mode: str = "auto", name: str = "graph",
                  periodic: bool = True, order: str = "program", overlap: bool = True):
         if order not in ("program", "ready"):
             raise ValueError(f"kbtorch.graph(order={order!r}): 'program' or 'ready'")
-        self.machine, self.fuse, self.mode, self.name = machine, fuse, mode, name
+        # NOTE: a machine name or path as everywhere else (``as_machine``); the ops still run on
+        # the machine in force, so one of another machine is refused at its first kernel.
+        self.machine = None if machine is None else as_machine(machine)
+        self._asked = self.machine is not None
+        self.fuse, self.mode, self.name = fuse, mode, name
         self.periodic, self.order, self.overlap = periodic, order, overlap
         self.nodes: list[Node] = []
         self.kernels: list[Kernel] = []
@@ -189,6 +197,9 @@ class Graph:
         outside any op (a direct ``redistribute``) depends on every kernel before it."""
         if self.machine is None:
             self.machine = machine
+        elif machine is not self.machine and self._asked:
+            raise RuntimeError(f"kbtorch.graph(machine='{self.machine.name}'): the ops ran on '{machine.name}', "
+                               f"the machine in force: run them under kbtorch.use('{self.machine.name}')")
         elif machine is not self.machine:
             raise RuntimeError(f"kbtorch.graph(): kernels of two machines ('{self.machine.name}' and "
                                f"'{machine.name}') in one graph")

@@ -16,7 +16,8 @@ breaks: code dynamo cannot trace runs eagerly between the compiled graphs (its o
 the stream one by one); ``breaks()`` lists each break dynamo reported, with its reason and
 source line, and dynamo never compiles kbtorch's own frames (``_never_traced``). A call with
 shapes the graph does not admit makes dynamo recompile: ``compiled()`` lists every graph
-compiled, with its input shapes, and the graph first compiled from the same code.
+compiled, with its input shapes, and the graph first compiled from the same frame (a new
+function with the same ops and shapes is a new graph, not a recompile).
 """
 from __future__ import annotations
 
@@ -79,16 +80,22 @@ def _never_traced() -> None:
         set_code_exec_strategy(getattr(fn, "__func__", fn).__code__, skip)
 
 
+def _frame():
+    """The frame dynamo is compiling (its compile id's ``frame_id``), or a fresh key outside dynamo."""
+    from torch._guards import CompileContext
+    cid = CompileContext.current_compile_id()
+    return ("frame", cid.frame_id) if cid is not None else object()
+
+
 def backend(gm, example_inputs):
     """The ``"kbtorch"`` dynamo backend (see the module docstring)."""
     _check_on_device(gm, example_inputs)
     shapes = [_shape(x) for x in example_inputs]
     number = len(_COMPILED)
     ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
-    # NOTE: dynamo's own graph is the traced code, the same for every shape it is called with.
-    # (its calls: a graph traced with symbolic sizes has more inputs, the sizes, but the same calls)
-    first = _FIRST.setdefault(tuple((n.op, str(n.target)) for n in gm.graph.nodes
-                                    if n.op not in ("placeholder", "output")), number)
+    # NOTE: a recompile is of the same frame (dynamo's compile id names the code it traced and
+    # counts its recompiles); another function with the same ops is a new graph, not a recompile.
+    first = _FIRST.setdefault(_frame(), number)
     again = first if first != number else None
     _COMPILED.append({"graph": number, "inputs": shapes, "ops": ops, "recompiles": again})
     log.log(logging.WARNING if again is not None else logging.INFO,

@@ -104,6 +104,8 @@ def _assemble(graph, groups: list, make) -> Plan:
         deps, head = set(), set()
         for m in members:
             for d in graph.kernels[m].deps:
+                if d not in of and d not in members:
+                    raise AssertionError(f"graph fusion: kernel {m} is planned before kernel {d} it depends on")
                 got = {of[d]} if of.get(d) is not None else set(through.get(d, ()))
                 deps |= got
                 if m == members[0]:
@@ -156,17 +158,23 @@ def groups(graph) -> list[list[int]]:
     anc = _ancestors(graph)
     group_of: dict = {}
     members: dict = {}
+    # NOTE: a group a kernel outside it already depends on is closed: a later member would put
+    # the group (ordered by its last member) after that kernel, which would run before the
+    # results it waits for (the tiny Llama's rotary tables, read by the q path, joined by the
+    # k path's mul at batch 1: docs/model.md "Fusion").
+    closed: set = set()
     for k, kern in enumerate(graph.kernels):
         vec = getattr(kern.timed.result, "vector", None)
         if vec is not None:
             for g in _candidates(graph, k, group_of, members):
-                if _fits(graph, members[g], k, vec) and _acyclic(anc, members[g], kern.deps, k):
+                if g not in closed and _fits(graph, members[g], k, vec) and _acyclic(anc, members[g], kern.deps, k):
                     group_of[k] = g
                     members[g].append(k)
                     break
         if k not in group_of:
             group_of[k] = k
             members[k] = [k]
+        closed.update(group_of[d] for d in kern.deps if group_of[d] != group_of[k])
     return sorted(members.values(), key=lambda m: m[-1])
 
 
@@ -185,8 +193,11 @@ def _fits(graph, group: list, k: int, vec) -> bool:
     head = graph.kernels[group[0]].timed
     if head.kernel == "gemm":
         # NOTE: pointwise only: a row reduction needs whole rows, which a GEMM's PE may not hold.
+        # A replicated pass (each of its PEs computes all of it) fits any GEMM: each GEMM PE
+        # computes its copy; a split one only a GEMM on all its PEs (its work stays whole).
         pes = {pe for pe, cmds in (head.result.programs or {}).items() if cmds}
-        return set(vec.pes) <= pes and vec.out_ratio == 1 and graph.kernels[k].timed.kernel.startswith("elementwise")
+        placed = vec.copies == len(vec.pes) or set(vec.pes) <= pes
+        return placed and vec.out_ratio == 1 and graph.kernels[k].timed.kernel.startswith("elementwise")
     first = getattr(head.result, "vector", None)
     return first is not None and first.pes == vec.pes
 

@@ -3,7 +3,8 @@ and, timing-only, a static call replayed without running it on the host.
 
 A call is *static* when what it reaches through its arguments (``state``: their tensors'
 shapes and placements, the objects it is given by identity, and the tensors those objects
-hold by identity, shape and placement) is the same after the call as before: it wrote
+hold by identity, shape and placement; the module's weights and Python attributes, and the
+closure and globals the function's code reads) is the same after the call as before: it wrote
 tensors only in place (decode with Hugging Face's ``StaticCache``, whose generate loop
 hands the forward fixed-shape inputs). In timing-only mode (``kbtorch.timing_only``) its
 tensors hold no data, so a later call in the same state, with the same module weights,
@@ -45,20 +46,72 @@ class _Unknown(Exception):
     an output passed through from its own arguments."""
 
 
-def state(args, kwargs, module=None) -> tuple | None:
+def state(args, kwargs, module=None, fn=None) -> tuple | None:
     """What a call can see, hashable (see the module docstring), or None when it cannot be
     told. The arguments' own tensors count by shape, stride, dtype and placement (a decode
     step's new ids); tensors inside objects by identity too (a cache's buffers), and so do
-    ``module``'s parameters and buffers."""
+    ``module``'s parameters and buffers, the Python attributes of it and its submodules (a
+    flag that flips a branch), and what ``fn`` reads from outside: its closure's cells and
+    the globals its code names (a weight it closes over, grown or replaced)."""
     out: list = []
     try:
         _walk((args, kwargs), (), DEPTH, False, out)
         if module is not None:
             for name, t in (*module.named_parameters(), *module.named_buffers()):
                 _walk(t, ("module", name), 0, True, out)
+            for name, sub in module.named_modules():
+                for k, v in vars(sub).items():
+                    if k not in _MODULE_TABLES:
+                        _walk(v, ("attribute", f"{name}.{k}".lstrip(".")), 0, True, out)
+        for name, v in _outside(fn):
+            _walk(v, ("closure", name), 0, True, out)
     except _Unknown:
         return None
     return tuple(out)
+
+
+#: A module's own tables (its parameters, buffers, submodules and hooks: walked apart or not state).
+_MODULE_TABLES = frozenset(("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set")) | frozenset(
+    k for k in vars(torch.nn.Module()) if k.endswith("hooks") or k.startswith("_state_dict") or k.startswith("_load"))
+
+
+def _outside(fn) -> list:
+    """(name, value) of what ``fn``'s code reads from outside: its closure's cells and the
+    globals (not modules nor functions) its code names."""
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    cells = [(n, c.cell_contents) for n, c in zip(code.co_freevars, fn.__closure__ or ()) if _filled(c)]
+    names = fn.__globals__ if hasattr(fn, "__globals__") else {}
+    found = [(n, names[n]) for n in code.co_names if n in names]
+    return [(n, v) for n, v in cells + found if not callable(v) or isinstance(v, torch.nn.Module)
+            if not isinstance(v, type(functools))]
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def why(old: tuple, new: tuple) -> str:
+    """What differs between two states, as the user names it (the first entry that does)."""
+    for a, b in zip(old, new):
+        if a != b:
+            return f"{_named(a[0])} changed"
+    return "what the call reaches changed" if len(old) == len(new) else "the call's arguments changed"
+
+
+def _named(path: tuple) -> str:
+    if path and path[0] in ("attribute", "closure", "module"):
+        kind = {"attribute": "module attribute", "closure": "closure/global", "module": "module tensor"}[path[0]]
+        return f"{kind} {path[1]!r}"
+    if len(path) < 2:
+        return "the arguments"
+    return f"argument {str(path[1]).strip(chr(39))}" + "".join(f"[{p}]" for p in path[2:])
 
 
 def _walk(x, path: tuple, depth: int, held: bool, out: list) -> None:
@@ -140,7 +193,14 @@ def graphed(fn, *, name: str | None = None, host_replay: bool = True, **options)
     (decode with a static KV cache: one graph a step, simulated once). Timing-only, a call in
     the state of an earlier static one is replayed without host work (``host_replay``, see
     the module docstring). A module gets the wrapper as its ``forward``; ``wrapper.graphs``
-    counts the calls, those simulated, re-timed and replayed without capture."""
+    counts the calls, those simulated, re-timed and replayed without capture.
+
+    Replay is safe: a call replays only when everything its graph read is unchanged: its
+    arguments' shapes, the module's weights and Python attributes (``self.wide = True``
+    flips a branch), and what the function reads from outside (its closure and globals: a
+    weight that grew or was replaced). On a change the call is captured again, and
+    ``wrapper.recaptures`` says why (``"module attribute 'wide' changed"``). NOTE: what a
+    helper function called from ``fn`` reads from its own globals is not guarded."""
     module = fn if isinstance(fn, torch.nn.Module) else None
     call = module.forward if module is not None else fn
     label = name or getattr(type(module), "__name__", None) or getattr(fn, "__name__", "graph")
@@ -150,7 +210,7 @@ def graphed(fn, *, name: str | None = None, host_replay: bool = True, **options)
     # reads it (a forward without ``logits_to_keep`` gets the LM head of every position).
     @functools.wraps(call)
     def wrapper(*args, **kwargs):
-        before = state(args, kwargs, module) if host_replay and is_timing_only() else None
+        before = state(args, kwargs, module, call) if host_replay and is_timing_only() else None
         wrapper.graphs["calls"] += 1
         if before is not None and before in static:
             g, outputs = static[before]
@@ -158,10 +218,13 @@ def graphed(fn, *, name: str | None = None, host_replay: bool = True, **options)
             out = outputs.make()
             wrapper.graphs["replayed"] += 1
         else:
+            if before is not None and static:
+                wrapper.recaptures.append(why(next(reversed(static)), before))
             with Graph(name=label, **options) as g:
                 out = call(*args, **kwargs)
             wrapper.graphs["retimed"] += 1 if g.retimed else 0
-            if before is not None and g.kernels and not reads_host(g) and state(args, kwargs, module) == before:
+            if before is not None and g.kernels and not reads_host(g) \
+                    and state(args, kwargs, module, call) == before:
                 try:
                     static[before] = (g, Outputs(out, args, kwargs, before))
                 except _Unknown:
@@ -173,6 +236,7 @@ def graphed(fn, *, name: str | None = None, host_replay: bool = True, **options)
         return out
 
     wrapper.graphs, wrapper.last = {"calls": 0, "simulated": 0, "retimed": 0, "replayed": 0}, None
+    wrapper.recaptures = []
     if module is not None:
         module.forward = wrapper
         return module
