@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: - models (``kbtorch/models/``) use kbtorch as a user does: through the public API (the
 #:   package root) only (``PUBLIC_ONLY``).
 LAYERS = (
-    (0, "base", ("kbtorch.units", "kbtorch.limits")),
+    (0, "base", ("kbtorch.units", "kbtorch.limits", "kbtorch.state")),
     (1, "topology", ("kbtorch.topology",)),
     (2, "sim", ("kbtorch.sim",)),
     (3, "runtime", ("kbtorch.runtime",)),

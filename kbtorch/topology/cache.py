@@ -17,6 +17,8 @@ import json
 import weakref
 from collections import OrderedDict
 
+from .. import state
+
 __all__ = ["content_digest", "get", "clear", "SIZE"]
 #: Entries held whether used or not (the latest first to stay).
 SIZE = 32
@@ -55,3 +57,7 @@ def clear() -> None:
     """Forget every entry."""
     _RECENT.clear()
     _LIVE.clear()
+
+
+state.cache(_RECENT, "kbtorch.topology.cache._RECENT")
+state.cache(_LIVE, "kbtorch.topology.cache._LIVE")
