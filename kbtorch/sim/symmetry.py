@@ -204,7 +204,7 @@ def _relative(node: str, unit: str, outer: list) -> str:
 
 
 _PLAIN = (int, float, str, bool, type(None))
-_FIELDS: dict = {}      # dataclass type -> its field names
+_FIELDS: dict = state.cache({}, "kbtorch.sim.symmetry._FIELDS")      # dataclass type -> its field names
 
 
 def _canon(x, rel, rel_pe):

@@ -204,7 +204,7 @@ class HbmBook:
                 a.free(addr)
 
 
-_BOOKS: dict = {}
+_BOOKS: dict = state.cache({}, "kbtorch.tensor.hbm._BOOKS")
 
 
 def hbm_book(machine) -> HbmBook:

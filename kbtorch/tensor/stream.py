@@ -96,7 +96,7 @@ def usage(result) -> tuple:
     return tuple((track, round(min(1.0, f), 4)) for track, f in out)
 
 
-_SUMMARIES: dict = {}
+_SUMMARIES: dict = state.cache({}, "kbtorch.tensor.stream._SUMMARIES")
 SUMMARIES_MAX = 4096        # NOTE: a cache size, not hardware
 
 
