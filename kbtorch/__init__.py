@@ -4,6 +4,7 @@ Importing kbtorch registers the ``"ahbm"`` torch device (``kbtorch.tensor.device
 machine it models is ``kbtorch.current_machine()``, chosen with ``kbtorch.use``.
 """
 from .profiler import profile
+from .state import reset
 from .tensor.device import register as _register
 from .tensor.graph import compile as _compile
 from .tensor.graph.capture import Graph as graph
@@ -24,4 +25,4 @@ _compile.listen_for_breaks()
 __all__ = ["graph", "graphed", "ColwiseParallel", "ExpertParallel", "HbmFull", "Mesh", "ParallelStyle", "Partial",
            "PipelineParallel", "Replicate", "ReplicateParallel", "RowwiseParallel", "Shard", "check_hbm", "chip_mesh", "current_machine", "default_spec", "distribute_tensor",
            "expert_parallel", "hbm_peaks", "home", "init_device_mesh", "parallelize_module", "pipeline_parallel", "profile",
-           "replica", "reset_hbm_peaks", "timing_only", "tp_plan", "use"]
+           "replica", "reset", "reset_hbm_peaks", "timing_only", "tp_plan", "use"]

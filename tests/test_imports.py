@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: - serve (``kbtorch/serve/``) drives models: above them, below the cli (``kbtorch serve``);
 #:   like models it sees kbtorch through the public API only, and models.
 LAYERS = (
-    (0, "base", ("kbtorch.units", "kbtorch.limits")),
+    (0, "base", ("kbtorch.units", "kbtorch.limits", "kbtorch.state")),
     (1, "topology", ("kbtorch.topology",)),
     (2, "sim", ("kbtorch.sim",)),
     (3, "runtime", ("kbtorch.runtime",)),

@@ -22,6 +22,7 @@ from ..sim.multicast import MulticastError, can_multicast, tree
 from .contract import DTYPES
 from .gemm_plan import GemmTiling, gangs, plan
 from .layout import ACC_BYTES, tcm_budget
+from .. import state
 
 # NOTE: the search space of the automatic tiling (tile configs as data), not hardware.
 TILE_MN = (64, 128, 256, 512)
@@ -60,6 +61,9 @@ def multicast_gangs(machine, shards: list, tiling: GemmTiling) -> dict:
     return {pe: g for pe, g in out.items() if g != (None, None)}
 
 
+@state.cache
+
+
 @functools.lru_cache(maxsize=4096)
 def multicast_parts(machine, gang: tuple) -> tuple:
     """``gang`` itself if it can multicast, else its parts that can: the members grouped by
@@ -77,10 +81,16 @@ def multicast_parts(machine, gang: tuple) -> tuple:
     return ()
 
 
+@state.cache
+
+
 @functools.lru_cache(maxsize=4096)
 def _part_of(machine, gang: tuple) -> dict:
     """``{pe: its part of multicast_parts}`` for the members of ``gang`` in a part."""
     return {pe: part for part in multicast_parts(machine, gang) for pe in part}
+
+
+@state.cache
 
 
 @functools.lru_cache(maxsize=4096)
@@ -92,6 +102,9 @@ def _gang_ok(machine, gang: tuple) -> bool:
                    for p in gang)
     except MulticastError:
         return False
+
+
+@state.cache
 
 
 @functools.lru_cache(maxsize=1024)
@@ -125,10 +138,16 @@ def _sharing(machine, m: int, n: int, k: int, used: tuple, grid: tuple, tile_mn:
     return {pe: (len(a) if a else 1, len(b) if b else 1) for pe, (a, b) in shared.items()}, worst
 
 
+@state.cache
+
+
 @functools.lru_cache(maxsize=64)
 def _plan(m: int, n: int, k: int, used: tuple, grid: tuple, partial: bool) -> tuple:
     """``gemm_plan.plan`` of a grid (the tile does not change which PE gets which block)."""
     return tuple(plan(m, n, k, list(used), GemmTiling(grid, (1, 1, 1), partial)))
+
+
+@state.cache
 
 
 @functools.lru_cache(maxsize=4096)
@@ -166,6 +185,9 @@ def estimate(machine, m: int, n: int, k: int, dtype: str, pes: list, tiling: Gem
         if worst is None or est.ns > worst.ns:
             worst = est
     return worst
+
+
+@state.cache
 
 
 @functools.lru_cache(maxsize=1024)

@@ -36,6 +36,7 @@ from functools import lru_cache
 from .commands import Composite, Compute, Dma, Fetch, Loc, Multicast, Send, Store
 from .components.dma import data_path, data_paths
 from .registry import Registry
+from .. import state
 
 #: What each command type uses: ``handler(machine, info, cmd, keys, peers)`` adds the node
 #: paths it moves data on (``("data" | "route", src, dst)``) to ``keys`` and the PEs it sends
@@ -132,6 +133,9 @@ def _paths(machine, pe: int, cmds) -> tuple[set, set]:
     return keys, peers
 
 
+@state.cache
+
+
 @lru_cache(maxsize=65536)
 def _path(machine, key: tuple) -> tuple:
     """The node paths of ``key``: one, or every path of a sprayed transfer."""
@@ -166,6 +170,9 @@ def _units(machine, programs: dict, level: int, scan) -> dict | None:
     return units
 
 
+@state.cache
+
+
 @lru_cache(maxsize=65536)
 def _dotted(node: str) -> tuple:
     """``"a0.b1.c"`` -> ``("a0.", "a0.b1.")``: the prefixes a unit can have."""
@@ -197,7 +204,7 @@ def _relative(node: str, unit: str, outer: list) -> str:
 
 
 _PLAIN = (int, float, str, bool, type(None))
-_FIELDS: dict = {}      # dataclass type -> its field names
+_FIELDS: dict = state.cache({}, "kbtorch.sim.symmetry._FIELDS")      # dataclass type -> its field names
 
 
 def _canon(x, rel, rel_pe):
@@ -228,6 +235,9 @@ def _canon(x, rel, rel_pe):
     return tuple(out)
 
 
+@state.cache
+
+
 @lru_cache(maxsize=4096)
 def hardware(machine, unit: str) -> tuple:
     """The nodes and links inside ``unit``, named relative to it."""
@@ -240,6 +250,9 @@ def hardware(machine, unit: str) -> tuple:
     edges = tuple(sorted((u[n:], v[n:], d["flit_ps"], d["prop_ps"], d["kind"])
                          for u in inside for v, d in g.adj[u].items() if v.startswith(unit)))
     return nodes, edges
+
+
+@state.cache
 
 
 @lru_cache(maxsize=8)

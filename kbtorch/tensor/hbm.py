@@ -20,6 +20,7 @@ from math import prod
 from ..runtime.allocator import AllocationError, Memories
 from ..topology import TopologyError, current_machine
 from .placement.spec import Shard, default_spec
+from .. import state
 
 
 class HbmFull(MemoryError):
@@ -74,6 +75,8 @@ class HbmBook:
     def per_pe(spec, nbytes: int) -> int:
         split = prod(spec.mesh.shape[d] for d, p in enumerate(spec.placements) if isinstance(p, Shard))
         return -(-nbytes // split)
+
+    @state.cache
 
     @functools.lru_cache(maxsize=256)
     def _spread(self, pes: tuple) -> tuple:
@@ -164,6 +167,8 @@ class HbmBook:
                                   f"{a.free_bytes / 1e9:.1f} GB free of {a.capacity / 1e9:.1f} GB in HBM node "
                                   f"'{node}' (PE {pe}); nothing was moved")
 
+    @state.cache
+
     @functools.lru_cache(maxsize=64)
     def _in_order(self, pes: tuple) -> dict:
         """HBM node -> (how many of ``pes`` it serves, the first of them), in the order of ``pes``."""
@@ -199,7 +204,7 @@ class HbmBook:
                 a.free(addr)
 
 
-_BOOKS: dict = {}
+_BOOKS: dict = state.cache({}, "kbtorch.tensor.hbm._BOOKS")
 
 
 def hbm_book(machine) -> HbmBook:

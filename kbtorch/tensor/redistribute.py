@@ -32,6 +32,7 @@ from .dispatch import root, uid
 from .placement.spec import Partial, Replicate, Shard, Spec
 from .stream import CAPTURE, record, tracing
 from .timing import Rows, Timed, kernel_dtype
+from .. import state
 
 
 def _lines(mesh, dim: int) -> list[tuple]:
@@ -55,6 +56,9 @@ def _kind(old, new) -> str | None:
     if isinstance(old, Partial) and isinstance(new, Shard):
         return "reduce_scatter"
     raise NotImplementedError(f"kbtorch: redistribute {old!r} -> {new!r} is not supported yet")
+
+
+@state.cache
 
 
 @lru_cache(maxsize=512)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import state
 from ..ops.contract import bottleneck, memory_bytes, tflops
 from ..topology.kinds import kind_name
 
@@ -48,10 +49,10 @@ class OpRecord:
 
 # NOTE: immutable values in the context variables (a float, a tuple): a task that copies the
 # context advances its own clock and never another's.
-_CLOCK_NS: ContextVar = ContextVar("kbtorch_clock_ns", default=0.0)
-_LISTENERS: ContextVar = ContextVar("kbtorch_profiles", default=())
+_CLOCK_NS: ContextVar = state.context_var("kbtorch_clock_ns", 0.0)
+_LISTENERS: ContextVar = state.context_var("kbtorch_profiles", ())
 #: The trace track of the ops recorded while it is set (a pipeline stage, ``tensor.pipeline``).
-TRACK: ContextVar = ContextVar("kbtorch_track", default="")
+TRACK: ContextVar = state.context_var("kbtorch_track", "")
 
 
 def clock_ns() -> float:
@@ -95,7 +96,7 @@ def usage(result) -> tuple:
     return tuple((track, round(min(1.0, f), 4)) for track, f in out)
 
 
-_SUMMARIES: dict = {}
+_SUMMARIES: dict = state.cache({}, "kbtorch.tensor.stream._SUMMARIES")
 SUMMARIES_MAX = 4096        # NOTE: a cache size, not hardware
 
 
@@ -119,7 +120,7 @@ def tracing() -> bool:
 
 
 #: The graph being captured in this context (``tensor.graph``), or None: the stream.
-CAPTURE: ContextVar = ContextVar("kbtorch_capture", default=None)
+CAPTURE: ContextVar = state.context_var("kbtorch_capture", None)
 
 
 def record_run(machine, run) -> OpRecord | None:

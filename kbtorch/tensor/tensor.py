@@ -13,12 +13,13 @@ from contextvars import ContextVar
 
 import torch
 
+from .. import state
 from .dispatch import DEVICE, dispatch, value_of
 from .hbm import hbm_book
 from .placement.spec import Spec, expand
 from .redistribute import full_tensor, redistribute
 
-_TIMING_ONLY: ContextVar = ContextVar("kbtorch_timing_only", default=False)
+_TIMING_ONLY: ContextVar = state.context_var("kbtorch_timing_only", False)
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from ..ops.contract import dtype_of
 from ..ops.vector import elementwise, elementwise_kernel
 from .placement.mesh import Mesh, holders
 from .placement.spec import Partial, Shard, Spec, scoped_pes
+from .. import state
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ def vector(machine, op: str, numel: int, *, placed=None, pes=None, shape=None, i
         size = shape[placed.dim % len(shape)]
         pes = holders(mesh, size) if mesh else pes[:max(1, min(len(pes), size))]
     return _vector(machine, op, max(1, n), pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio, copies)
+
+
+@state.cache
 
 
 @lru_cache(maxsize=1024)

@@ -1,6 +1,6 @@
 """Expands the blocks of a validated topology document into flat nodes and directed links.
 
-Runs after the schema (validate.py) and the size and nesting check (size.py): every value
+Runs after the schema and the size and nesting check (validate.py): every value
 has its type, every array names a known block and the nesting is shallow, so what remains
 to check here are names: components, link kinds, node references and unique node names.
 """

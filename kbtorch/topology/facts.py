@@ -8,6 +8,7 @@ nodes); no number describing hardware lives in code outside ``topology/`` and th
 from __future__ import annotations
 
 import functools
+from .. import state
 
 #: Memory levels a PE addresses: its HBM (a slice of its own, or a memory shared by a
 #: cluster or the whole die), the shared SRAM, and its TCM.
@@ -70,6 +71,8 @@ class MachineFacts:
             raise ValueError(f"topology '{self.name}': PE {pe} has no {level}")
         return self.node_capacity(node)
 
+    @state.cache
+
     @functools.cache
     def node_capacity(self, node: str) -> int:
         """Allocatable bytes of memory node ``node``: ``capacity_gib``/``capacity_mib`` less ``scratch_mib``."""
@@ -98,10 +101,14 @@ class MachineFacts:
         granule = self.granule(node)
         return (-(-nbytes // granule) - 1) * stride + granule
 
+    @state.cache
+
     @functools.cache
     def sharers(self, node: str) -> tuple:
         """The PEs whose HBM or SRAM is memory node ``node``."""
         return tuple(pe.id for pe in self.pes if node in (pe.hbm, pe.sram))
+
+    @state.cache
 
     @functools.cache
     def hbm_port(self, pe: int) -> tuple[str, float, float]:
@@ -120,6 +127,8 @@ class MachineFacts:
         up = sum(g.edges[ctrl, v]["bw_gbps"] for v in g.successors(ctrl) if g.nodes[v]["transit"])
         return ctrl, own, up
 
+    @state.cache
+
     @functools.cache
     def port_gbps(self, pe: int, role: str) -> float:
         """GB/s of the network port of PE ``pe``'s engine ``role``: the links into it from
@@ -132,12 +141,16 @@ class MachineFacts:
         """Latency (ns) of one flit along ``path`` (a node sequence) with no contention."""
         return sum(self.router.weight(u, v) for u, v in zip(path, path[1:])) / 1000
 
+    @state.cache
+
     @functools.cache
     def control_ps(self, pe: int) -> int:
         """Switching overheads (ps) before PE ``pe``'s first command reaches its engine, beside
         its issue: the control processor's at launch and the scheduler's."""
         g, info = self.graph, self.pes[pe]
         return g.nodes[info.node("cp")]["overhead_ps"] + g.nodes[info.node("sched")]["overhead_ps"]
+
+    @state.cache
 
     @functools.cache
     def read_trip_ns(self, pe: int) -> float:
@@ -146,6 +159,8 @@ class MachineFacts:
         info = self.pes[pe]
         return self.head_ns(self.route(info.node("dma_rd"), info.hbm)) + \
             self.head_ns(self.route(info.hbm, info.node("dma_rd")) + (info.node("tcm"),))
+
+    @state.cache
 
     @functools.cache
     def pe_trip_ns(self, a: int, b: int) -> float:

@@ -1,4 +1,4 @@
-"""Topology files (TOML, data only) -> flat lists of nodes and directed links.
+"""Topology files (TOML, data only) -> checked documents -> compiled machines, one straight line.
 
 A file has five sections (see docs/topology-format.md), and an optional ``[launch]``: ``[machine]``, ``[issue]``,
 ``[links]`` (link kinds: ``bw_gbps``, ``prop_ns``), ``[components]`` (component types:
@@ -6,89 +6,150 @@ A file has five sections (see docs/topology-format.md), and an optional ``[launc
 ``[blocks.NAME]``: a block holds named nodes, arrays of nested blocks (``count`` or
 ``grid`` + ``connect`` rules that join neighbours along a dimension, with ``wrap`` for rings
 and tori), links between its nodes, and ``bind`` entries that give array elements an
-attribute (a PE's HBM slice).
+attribute (a PE's HBM slice). A system file (``system``) names a chip file and joins its chips.
 
-Loading is a pipeline: read the file (read_toml), apply overrides (overrides.py), check the
-schema (schema.py, validate.py), check nesting and size before expanding (size.py), expand
-(expand.py). The loader knows no hierarchy names: SIP, CUBE and PE exist only in the files.
+The load path (``machine.load_machine(name, overrides)``); each step is one module and
+hands its result to the next, none goes back to a step before it:
+
+1. resolve (``sources``): the name -> the file (``topology_path``); a system's chip file
+   (``chip_file``).
+2. read and parse (``sources.read``, ``parse``): every file read once; ``Sources.key`` is the
+   digest of all their bytes and the overrides: the content the rest is made from.
+3. cached (``cache``)? A document resolved from that key is returned at once (steps 4-5 skip).
+4. override and validate (``overrides``, then ``validate``, which owns the checks): the
+   overrides set in the document, the schema checked; a system's chip file parsed,
+   overridden (``chip_overrides``) and checked the same way and the system compiled over it
+   (``system.compile_system``). -> :class:`Resolved`: the document a machine IS, its
+   ``content_digest`` (computed once) and a system's layout, cached under the key.
+5. compile (``machine.Machine``): blocks and size checked (``validate``), blocks expanded
+   (``expand``), the graph built and checked (``validate``), routers and routing policy;
+   a system's chip machine loaded by the same path. Cached (``cache``) under the path and
+   the digest: one object per content in a process.
+
+A worker given a resolved document (``machine.machine_of_doc``: a sweep point, an unpickled
+machine) starts at step 5: nothing is read or checked again but a system's chip file, for
+its layout. The loader knows no hierarchy names: SIP, CUBE and PE exist only in the files.
 Every error is a :class:`TopologyError` naming the file and the entry at fault.
 """
 from __future__ import annotations
 
-import copy
-import hashlib
-import importlib.resources
-import os
-import stat
-import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import TopologyError, did_you_mean
+from . import cache
+from .errors import TopologyError
 from .expand import Expander, RawTopology
 from .overrides import CHIP_PREFIX, apply_overrides, blame, lookup
-from .size import check_size, element_limit
-from .system import check_system, chip_file, compile_system, is_system
-from .validate import content_digest, validate
+from .parse import is_system, parse, read_toml
+from .schema import SYSTEM_TOP
+from .sources import Sources, chip_file, read
+from .system import compile_system
+from .validate import check_blocks, check_chip, check_pes, check_size, element_limit, validate
 
-__all__ = ["RawTopology", "load_raw", "read_toml", "resolve_doc", "override_entry", "topology_dirs", "TOPOLOGY_DIR"]
-#: The shipped topologies: package data (kbtorch/topologies/*.toml), found in a checkout and in
-#: an installed wheel alike.
-TOPOLOGY_DIR = Path(str(importlib.resources.files("kbtorch") / "topologies"))
-
-
-def topology_dirs() -> list[str]:
-    """Where a bare topology name is looked up: $KBTORCH_TOPOLOGIES, then the shipped ones."""
-    return [d for d in os.environ.get("KBTORCH_TOPOLOGIES", "").split(os.pathsep) if d] + [str(TOPOLOGY_DIR)]
+__all__ = ["RawTopology", "Resolved", "resolve", "resolve_doc", "of_doc", "expand", "load_raw", "override_entry"]
 
 
-def read_toml(path: str | Path) -> dict:
-    """The parsed document; TopologyError if the path is not a readable file of UTF-8 TOML."""
-    name = str(path)
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise TopologyError(name, "file", "no such topology file") from None
-    except OSError as exc:
-        raise TopologyError(name, "file", f"cannot read: {exc.strerror}") from None
-    if stat.S_ISDIR(mode):
-        raise TopologyError(name, "file", "is a directory, not a topology file")
-    if not stat.S_ISREG(mode):
-        raise TopologyError(name, "file", "is not a regular file")
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise TopologyError(name, "file", f"cannot read: {exc.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise TopologyError(name, "file", f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise TopologyError(name, "file", f"not valid TOML: {exc}") from None
-    except RecursionError:
-        # NOTE: tomllib parses nested arrays and inline tables recursively.
-        raise TopologyError(name, "file", "not valid TOML: values nested too deeply") from None
+@dataclass(frozen=True)
+class Resolved:
+    """A checked document: ``doc`` is what a machine IS (the file's document with the overrides
+    set; a system's compiled over its chip file, with its own document as ``system_file`` so
+    that a worker given only the document has the layout), ``digest`` its ``content_digest``,
+    ``layout`` a system's ``SystemLayout``."""
+
+    path: str
+    doc: dict
+    digest: str | None
+    layout: object = None
+
+
+def resolve(path: str | Path, overrides: dict | None = None) -> Resolved:
+    """Steps 1-4 of the load path: the file's checked document, once per content."""
+    src = read(str(path), overrides)
+    return cache.get(("doc", src.path, src.key), lambda: _checked(src, overrides))
 
 
 def resolve_doc(path: str | Path, overrides: dict | None = None) -> dict:
     """The file's document with ``overrides`` applied, checked against the schema: the content
     a machine is built from (and its key in a sweep). Raises TopologyError on bad input."""
-    path = str(path)
-    doc = read_toml(path)
+    return resolve(path, overrides).doc
+
+
+def of_doc(path: str, doc: dict, digest: str | None = None) -> Resolved:
+    """The :class:`Resolved` of a document :func:`resolve_doc` returned (not checked again;
+    a system's layout compiled again from its ``system_file``)."""
+    layout = _system(doc["system_file"], path)[1] if "system_file" in doc else None
+    return Resolved(path, doc, cache.content_digest(doc) if digest is None else digest, layout)
+
+
+def _checked(src: Sources, overrides) -> Resolved:
+    path, doc = src.path, src.doc
     try:
         if is_system(doc):
-            check_system(doc, path, overrides)
-            compiled, _ = _compiled(doc, path)
-            # NOTE: the compiled document holds the chip's content (what the machine IS); its
-            # system file rides along so that a worker given only the document has the layout.
-            return dict(compiled, system_file=doc)
-        if overrides is not None:
-            apply_overrides(doc, overrides, path)
-        validate(doc, path)
+            _override_system(doc, path, overrides)
+            compiled, layout = _system(doc, path, src)
+            doc = dict(compiled, system_file=doc)
+        else:
+            if overrides is not None:
+                apply_overrides(doc, overrides, path)
+            validate(doc, path)
+            layout = None
     except TopologyError as exc:
         raise blame(exc, overrides) from None
-    return doc
+    return Resolved(path, doc, cache.content_digest(doc), layout)
+
+
+def _override_system(doc: dict, path: str, overrides) -> None:
+    """Overrides applied and schema checked, in place. An override ``chip.X`` (``CHIP_PREFIX``)
+    sets field ``X`` of the chip file: it joins ``system.chip_overrides`` (over the file's own
+    entry for ``X``) and is checked with the chip file when the system compiles."""
+    chip = {k: v for k, v in overrides.items() if isinstance(k, str) and k.startswith(CHIP_PREFIX)} \
+        if isinstance(overrides, dict) else {}
+    if overrides is not None:
+        apply_overrides(doc, {k: v for k, v in overrides.items() if k not in chip} if chip else overrides, path)
+    validate(doc, path, SYSTEM_TOP)
+    if chip:
+        own = doc["system"].get("chip_overrides", {})
+        doc["system"]["chip_overrides"] = {**own, **{k.removeprefix(CHIP_PREFIX): v for k, v in chip.items()}}
+
+
+def _system(doc: dict, path: str, src: Sources | None = None) -> tuple:
+    """A checked system document compiled to a chip-style document over its chip file, and its
+    layout; ``src``: what step 2 read (the chip file's bytes are not read again)."""
+    chip_path = chip_file(path, doc["system"]["chip"])
+    data = src.chip_data if src is not None and src.chip == chip_path else None
+    chip = read_toml(chip_path) if data is None else parse(chip_path, data)
+    check_chip(chip, chip_path, path)
+    apply_overrides(chip, doc["system"].get("chip_overrides", {}), chip_path)
+    validate(chip, chip_path)
+    check_blocks(chip, chip_path, ("top",))
+    return compile_system(doc, path, chip, chip_path)
+
+
+def expand(resolved: Resolved, max_elements: int | None = None) -> RawTopology:
+    """Step 5's first half: the blocks and size of a checked document checked, then expanded
+    into nodes and edges (``max_elements``: see :func:`validate.element_limit`)."""
+    doc, path = resolved.doc, resolved.path
+    check_blocks(doc, path)
+    check_size(doc, path, element_limit(path, max_elements))
+    raw = RawTopology(path=path, machine=doc["machine"], issue=doc["issue"], links=doc["links"],
+                      launch=doc.get("launch"), routing=doc.get("routing"), system=resolved.layout)
+    Expander(raw, doc["components"], doc["blocks"]).run()
+    check_pes(raw)
+    return raw
+
+
+def load_raw(path: str | Path, overrides: dict | None = None, max_elements: int | None = None,
+             doc: dict | None = None) -> RawTopology:
+    """Read, check and expand a topology file into nodes and edges.
+
+    ``overrides`` maps dotted paths of the file to new values (``{"links.noc.bw_gbps": 512}``),
+    set before the schema check. ``doc``: a document :func:`resolve_doc` returned (read,
+    overridden and checked already: not read or checked again). ``max_elements`` caps nodes +
+    directed links (default :data:`kbtorch.topology.validate.DEFAULT_MAX_ELEMENTS`, or
+    $KBTORCH_MAX_ELEMENTS). Raises TopologyError on bad input.
+    """
+    path = str(path)
+    return expand(resolve(path, overrides) if doc is None else of_doc(path, doc), max_elements)
 
 
 def override_entry(path: str | Path, dotted):
@@ -100,77 +161,11 @@ def override_entry(path: str | Path, dotted):
     doc = read_toml(path)
     if not (is_system(doc) and isinstance(dotted, str) and dotted.startswith(CHIP_PREFIX)):
         return lookup(doc, dotted, path)
-    check_system(doc, path, None)
-    chip_path = chip_file(path, doc["system"]["chip"], topology_dirs())
+    _override_system(doc, path, None)
+    chip_path = chip_file(path, doc["system"]["chip"])
     chip = read_toml(chip_path)
     apply_overrides(chip, doc["system"].get("chip_overrides", {}), chip_path)
     try:
         return lookup(chip, dotted.removeprefix(CHIP_PREFIX), chip_path)
     except TopologyError as exc:
         raise TopologyError(path, dotted, f"{exc.message} (of the chip file {Path(chip_path).name})") from None
-
-
-def load_raw(path: str | Path, overrides: dict | None = None, max_elements: int | None = None,
-             doc: dict | None = None) -> RawTopology:
-    """Read, check and expand a topology file into nodes and edges.
-
-    ``overrides`` maps dotted paths of the file to new values (``{"links.noc.bw_gbps": 512}``),
-    set before the schema check. ``doc``: a document :func:`resolve_doc` returned (read,
-    overridden and checked already: not read or checked again). ``max_elements`` caps nodes +
-    directed links (default :data:`kbtorch.topology.size.DEFAULT_MAX_ELEMENTS`, or
-    $KBTORCH_MAX_ELEMENTS). Raises TopologyError on bad input.
-    """
-    path = str(path)
-    if doc is None:
-        doc = resolve_doc(path, overrides)
-    layout = None
-    if "system_file" in doc:
-        doc, layout = _compiled(doc["system_file"], path)
-    machine, blocks = doc["machine"], doc["blocks"]
-    for key in ("top", "pe_block"):
-        if machine[key] not in blocks:
-            raise TopologyError(path, f"machine.{key}", f"unknown block '{machine[key]}'{did_you_mean(machine[key], blocks)}")
-    check_size(doc, path, element_limit(path, max_elements))
-    raw = RawTopology(path=path, machine=machine, issue=doc["issue"], links=doc["links"], launch=doc.get("launch"),
-                      routing=doc.get("routing"), system=layout)
-    Expander(raw, doc["components"], blocks).run()
-    if not raw.pes:
-        raise TopologyError(path, "machine.pe_block", f"block '{machine['pe_block']}' is never instantiated")
-    return raw
-
-
-#: Compiled systems by the digest of their (overridden, checked) system document: a system
-#: is compiled once per process, whether its document comes from a file or from a driver.
-_COMPILED: dict = {}
-
-
-def _compiled(doc: dict, path: str) -> tuple:
-    """(chip-style document, layout) of a checked system document, compiled once per content."""
-    # NOTE: the chip file's bytes are part of the key: an edit to the chip file a system names
-    # is a new machine, in this process too.
-    key = (content_digest(doc), path, _file_digest(chip_file(path, doc["system"]["chip"], topology_dirs())))
-    if key[0] is None or key not in _COMPILED:
-        _COMPILED[key] = _system(copy.deepcopy(doc), path)
-    compiled, layout = _COMPILED[key]
-    return copy.deepcopy(compiled), layout
-
-
-def _file_digest(path: str) -> str | None:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
-def _system(doc: dict, path: str) -> tuple:
-    """A checked system file compiled to a chip-style document over its chip file, and its layout."""
-    chip_path = chip_file(path, doc["system"]["chip"], topology_dirs())
-    chip = read_toml(chip_path)
-    if is_system(chip):
-        raise TopologyError(path, "system.chip", f"'{chip_path}' is a system file; a system's chips are chip files")
-    apply_overrides(chip, doc["system"].get("chip_overrides", {}), chip_path)
-    validate(chip, chip_path)
-    top = chip["machine"]["top"]
-    if top not in chip["blocks"]:
-        raise TopologyError(chip_path, "machine.top", f"unknown block '{top}'{did_you_mean(top, chip['blocks'])}")
-    return compile_system(doc, path, chip, chip_path)

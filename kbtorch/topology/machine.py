@@ -7,31 +7,25 @@ Time in the simulator is integer picoseconds. Each link carries ``bw_gbps`` and
 """
 from __future__ import annotations
 
-import functools
 import os
-import weakref
 from dataclasses import dataclass
-from pathlib import Path
 
 import networkx as nx
 
-from .errors import TopologyError, did_you_mean
+from . import cache, validate
+from .errors import TopologyError
 from .facts import MachineFacts
 from .launch import Launch, segments
-from .loader import TOPOLOGY_DIR, load_raw, resolve_doc, topology_dirs
-from .overrides import freeze_overrides, thaw_overrides
+from .loader import Resolved, expand, of_doc, resolve
+from .overrides import freeze_overrides
 from .multipath import Paths, RoutingPolicy
 from .routing import Router
-from .sources import sources_stamp
+from .sources import topology_path
 from .system import LEVELS as SYSTEM_LEVELS
 from .system_route import SystemRouter
-from .validate import content_digest
+from .validate import PE_ROLES
 
-#: Engines every PE block must define (the tile-kernel API's model of a PE).
-PE_ROLES = ("cp", "sched", "dma_rd", "dma_wr", "gemm", "math", "tcm", "ipcq")
-#: The links inside a PE that its engines' data crosses (DMA into and out of the TCM, the
-#: GEMM and MATH engines' operands and results), checked at load time.
-PE_DATA_LINKS = (("dma_rd", "tcm"), ("tcm", "dma_wr"), ("tcm", "gemm"), ("gemm", "tcm"), ("tcm", "math"), ("math", "tcm"))
+__all__ = ["DEFAULT_MACHINE", "PE", "PE_ROLES", "IssueCost", "Machine", "load_machine", "machine_of_doc", "topology_path"]
 #: The machine every entry point uses when none is named (``use``, $KBTORCH_TOPOLOGY, the
 #: command line's ``--topology``, a sweep's ``topology``).
 DEFAULT_MACHINE = "ahbm"
@@ -83,10 +77,7 @@ class PE:
 def _roles(nodes: dict, names: dict, path: str) -> dict:
     """A PE's engines by role: ``pe_roles`` (``[machine]``) names the node of a role inside
     the PE block where the node is not named after the role; two roles may share a node."""
-    for role, local in names.items():
-        if local not in nodes:
-            raise TopologyError(path, f"machine.pe_roles.{role}", f"names '{local}', which is not a node of the PE "
-                                f"block (its nodes: {', '.join(sorted(nodes))})")
+    validate.check_roles(nodes, names, path)
     return {**nodes, **{role: nodes[local] for role, local in names.items()}}
 
 
@@ -106,57 +97,53 @@ class Machine(MachineFacts):
     def __init__(self, path: str, overrides: dict | None = None, *, doc: dict | None = None):
         """``doc``: the document :func:`~kbtorch.topology.loader.resolve_doc` returned for
         ``path`` and ``overrides`` (already checked: not read or checked again)."""
-        doc = resolve_doc(path, overrides) if doc is None else doc
-        self.doc, self.digest = doc, content_digest(doc)
-        raw = load_raw(path, doc=doc)
+        self._compile(resolve(path, overrides) if doc is None else of_doc(path, doc))
+
+    @classmethod
+    def of(cls, resolved: Resolved) -> "Machine":
+        """The machine of a checked document (step 5 of the load path, ``loader``)."""
+        machine = cls.__new__(cls)
+        machine._compile(resolved)
+        return machine
+
+    def _compile(self, resolved: Resolved) -> None:
+        self.doc, self.digest = resolved.doc, resolved.digest
+        raw = expand(resolved)
         self.path, self.name = raw.path, raw.machine["name"]
         self.flit_bytes = raw.machine["flit_bytes"]
         self.page_bytes = raw.machine["page_bytes"]
         self.issue = IssueCost(raw.issue["fixed_cycles"], raw.issue["per_byte_cycles"],
                                int(raw.issue["composite_cap_bytes"]), float(raw.machine["clock_ghz"]),
                                dict(raw.issue["descriptor_bytes"]))
+        self.graph = self._graph(raw)
+        validate.check_graph(self.graph, self.path)
+        self.launch = Launch(**raw.launch) if raw.launch is not None else None
+        self.pes = [PE(i, p["prefix"], _roles(p["roles"], raw.machine.get("pe_roles", {}), raw.path), p["coords"],
+                       p.get("hbm"), p.get("sram")) for i, p in enumerate(raw.pes)]
+        validate.check_engines(self.pes, self.graph, raw.machine["pe_block"], self.path)
+        route_order, reset = raw.machine["route_order"], raw.machine.get("route_reset", [])
+        validate.check_dims(self.graph, route_order, reset, self.path)
+        self.system = raw.system
+        if self.system is None:
+            self.chip = None
+            self.router = Router(self.graph, route_order, reset, self.path)
+            validate.check_routable(self)
+        else:
+            self._chip_machine()
+        validate.check_routing(raw.routing, self.graph, self.path)
+        self.routing = RoutingPolicy.from_doc(raw.routing)
+        self._paths = Paths(self.router, self.routing)
+        self._launch = [segments(self, pe.id) for pe in self.pes]
+
+    def _graph(self, raw) -> nx.DiGraph:
+        """The frozen graph of the expanded nodes and links, with times in ps."""
         g = nx.DiGraph(name=self.name)
         for name, attrs in raw.nodes.items():
             g.add_node(name, overhead_ps=_ps(attrs["overhead_ns"]), **attrs)
         for (u, v), attrs in raw.edges.items():
             g.add_edge(u, v, flit_ps=max(1, round(self.flit_bytes * 1000 / attrs["bw_gbps"])),
                        prop_ps=_ps(attrs["prop_ns"]), **attrs)
-        self.graph = nx.freeze(g)
-        for name, d in g.nodes(data=True):
-            if d["params"].get("multicast") and not d["transit"]:
-                raise TopologyError(self.path, f"components ({name})",
-                                    "multicast = true needs transit = true: only a node that forwards traffic "
-                                    "replicates it")
-        self.launch = Launch(**raw.launch) if raw.launch is not None else None
-        self.pes = [PE(i, p["prefix"], _roles(p["roles"], raw.machine.get("pe_roles", {}), raw.path), p["coords"],
-                       p.get("hbm"), p.get("sram")) for i, p in enumerate(raw.pes)]
-        for pe in self.pes:
-            missing = [r for r in PE_ROLES if r not in pe.roles]
-            if missing:
-                raise TopologyError(self.path, f"blocks.{raw.machine['pe_block']}", f"PE {pe.id} lacks engines {missing}")
-            lost = [f"{a} -> {b}" for a, b in PE_DATA_LINKS if not g.has_edge(pe.node(a), pe.node(b))]
-            if lost:
-                raise TopologyError(self.path, f"blocks.{raw.machine['pe_block']}.links", f"PE {pe.id} has no link "
-                                    f"{', '.join(lost)}: its engines move data to and from its TCM over them")
-        route_order = raw.machine["route_order"]
-        reset = raw.machine.get("route_reset", [])
-        dims = {d["dim"] for _, _, d in g.edges(data=True) if d["dim"] is not None}
-        unknown = sorted((set(route_order) | set(reset)) - dims)
-        if unknown:
-            raise TopologyError(self.path, "machine.route_order", f"dimensions {unknown} label no link (have {sorted(dims)})")
-        stray = sorted(set(reset) - set(route_order))
-        if stray:
-            raise TopologyError(self.path, "machine.route_reset", f"dimensions {stray} are not in route_order")
-        self.system = raw.system
-        if self.system is None:
-            self.chip = None
-            self.router = Router(self.graph, route_order, reset, self.path)
-            self._check_routable()
-        else:
-            self._chip_machine(raw)
-        self.routing = RoutingPolicy.from_doc(raw.routing, self.graph, self.path)
-        self._paths = Paths(self.router, self.routing)
-        self._launch = [segments(self, pe.id) for pe in self.pes]
+        return nx.freeze(g)
 
     def __eq__(self, other) -> bool:
         return self is other or (isinstance(other, Machine) and self.digest == other.digest)
@@ -173,14 +160,11 @@ class Machine(MachineFacts):
     def __reduce__(self):
         return (machine_of_doc, (self.path, self.doc))
 
-    def _chip_machine(self, raw) -> None:
+    def _chip_machine(self) -> None:
         """A system's chip (``self.chip``, a Machine checked on its own) and its router."""
         lay = self.system
         self.chip = load_machine(lay.chip_path, lay.chip_overrides or None)
-        clash = sorted(set(self.chip.pes[0].coords) & set(SYSTEM_LEVELS))
-        if clash:
-            raise TopologyError(self.path, "system.chip", f"the chip file {lay.chip_path} has its own dimension "
-                                f"{clash[0]!r}; a system adds {', '.join(SYSTEM_LEVELS)} above the chip")
+        validate.check_chip_levels(self.chip, SYSTEM_LEVELS, self.path, lay.chip_path)
         self.router = SystemRouter(self.graph, self.chip.router, lay, self.path)
 
     @property
@@ -200,36 +184,6 @@ class Machine(MachineFacts):
     def launch_ps(self, pe: int) -> int:
         """When PE ``pe``'s program starts (ps after the kernel is launched)."""
         return sum(ps for _, ps in self._launch[pe])
-
-    def _check_routable(self) -> None:
-        """Every PE reaches every other PE and its own memories; fail at load time if not."""
-        # NOTE: the same checks as one search per PE, answered from one reachability pass
-        # (routing.Reach); Router.route runs only to report a memory that is unroutable.
-        g = self.graph
-        ports = [(pe.node("dma_wr"), pe.node("dma_rd")) for pe in self.pes]
-        entries = list(dict.fromkeys(self._port(rd, "in") for _, rd in ports))
-        ends = [r for pe in self.pes for n in (pe.node("dma_rd"), pe.hbm) if n for r in g.predecessors(n)
-                if g.nodes[r]["transit"]]
-        reach = self.router.reach(entries + ends)
-        need = reach.mask(entries)
-        for wr, _ in ports:
-            got = reach.from_node(self._port(wr, "out"))
-            if got & need != need:
-                lost = next(e for e in entries if not got & reach.bit[e])
-                raise TopologyError(self.path, "route", f"PE {g.nodes[wr]['pe']} ('{wr}') cannot reach '{lost}'")
-        for pe in self.pes:
-            for src, dst in ((pe.hbm, pe.node("dma_rd")), (pe.node("dma_wr"), pe.hbm)):
-                if pe.hbm and not reach.routable(src, dst):
-                    self.route(src, dst)
-
-    def _port(self, node: str, way: str) -> str:
-        """The first transit node after (``out``) or before (``in``) an endpoint."""
-        g = self.graph
-        near = g.successors(node) if way == "out" else g.predecessors(node)
-        transit = [r for r in near if g.nodes[r]["transit"]]
-        if not transit:
-            raise TopologyError(self.path, "route", f"'{node}' (PE {g.nodes[node].get('pe')}) is disconnected: no link {'to' if way == 'out' else 'from'} the network")
-        return transit[0]
 
     def route(self, src: str, dst: str) -> tuple[str, ...]:
         return self.router.route(src, dst)
@@ -276,47 +230,24 @@ class Machine(MachineFacts):
         }
 
 
-def topology_path(name_or_path: str) -> str:
-    """A name (``ahbm``) found in KBTORCH_TOPOLOGIES or the shipped topologies (``TOPOLOGY_DIR``), or a path."""
-    if name_or_path.endswith(".toml") or os.sep in name_or_path:
-        return name_or_path
-    dirs = topology_dirs()
-    for d in dirs:
-        candidate = Path(d) / f"{name_or_path}.toml"
-        if candidate.exists():
-            return str(candidate)
-    known = sorted(p.stem for d in dirs if Path(d).is_dir() for p in Path(d).glob("*.toml"))
-    raise TopologyError(name_or_path, "name",
-                        f"unknown topology (known: {', '.join(known)}){did_you_mean(name_or_path.strip(), known)}")
-
-
-#: Machines by (path, content digest): one object per content in a process.
-_BY_CONTENT: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-
-
 def machine_of_doc(path: str, doc: dict) -> Machine:
     """The machine of ``path``'s resolved document ``doc`` (checked already): the one this
     process has for that content, else a new one (not checked again)."""
-    key = (path, content_digest(doc))
-    machine = _BY_CONTENT.get(key)
-    if machine is None:
-        machine = _BY_CONTENT[key] = Machine(path, doc=doc)
-    return machine
-
-
-@functools.lru_cache(maxsize=16)
-def _load_cached(path: str, stamp: tuple, overrides: tuple) -> Machine:
-    return machine_of_doc(path, resolve_doc(path, thaw_overrides(overrides)))
+    digest = cache.content_digest(doc)
+    return cache.get(("machine", path, digest), lambda: Machine.of(of_doc(path, doc, digest)))
 
 
 def load_machine(name_or_path: str = DEFAULT_MACHINE, overrides: dict | None = None) -> Machine:
-    """Load (once per file version and overrides) and return the compiled machine: the same
-    object for the same content, so a file touched (new mtime, same bytes) is the same machine.
+    """Load (once per content: the bytes of every file read, and the overrides) and return the
+    compiled machine: the same object for the same content, so a file touched (new mtime,
+    same bytes) is the same machine and an edit to a system's chip file a new one. The load
+    path is written down in :mod:`kbtorch.topology.loader`.
 
     ``overrides`` maps dotted paths of the file to values (``{"links.noc.bw_gbps": 512}``);
     see docs/topology-format.md."""
     path = topology_path(name_or_path)
     if not os.path.exists(path):
         raise TopologyError(path, "file", "no such topology file")
-    # NOTE: cached per version of every file the machine reads (a system's chip file too).
-    return _load_cached(os.path.abspath(path), sources_stamp(path), freeze_overrides(overrides, path))
+    freeze_overrides(overrides, path)               # NOTE: refuses overrides that are not plain data
+    resolved = resolve(os.path.abspath(path), overrides)
+    return cache.get(("machine", resolved.path, resolved.digest), lambda: Machine.of(resolved))

@@ -31,8 +31,6 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from .errors import TopologyError
-
 POLICIES = ("single", "minimal-spray", "port-spray")
 MAX_PATHS = 16
 
@@ -50,26 +48,11 @@ class RoutingPolicy:
     relays: int = 0
 
     @classmethod
-    def from_doc(cls, doc: dict | None, graph, path: str) -> "RoutingPolicy":
+    def from_doc(cls, doc: dict | None) -> "RoutingPolicy":
+        """The policy of a ``[routing]`` section (checked: ``validate.check_routing``)."""
         doc = doc or {}
-        policy = doc.get("policy", "single")
-        if policy not in POLICIES:
-            raise TopologyError(path, "routing.policy", f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-        kind = doc.get("port_kind")
-        if policy == "port-spray":
-            if kind is None:
-                raise TopologyError(path, "routing.port_kind", "policy 'port-spray' needs port_kind (the component "
-                                    "kind of a chip's network ports, e.g. \"nic\")")
-            if not any(d["kind"] == kind for _, d in graph.nodes(data=True)):
-                raise TopologyError(path, "routing.port_kind", f"no node is of kind {kind!r}")
-        if doc.get("adaptive") and policy == "single":
-            raise TopologyError(path, "routing.adaptive", "adaptive spraying needs a spraying policy "
-                                "('minimal-spray' or 'port-spray'), not 'single'")
-        relays = doc.get("relays", 0)
-        if relays > 1:
-            raise TopologyError(path, "routing.relays", f"{relays}: a way between two chips crosses at most one "
-                                "other chip (0 or 1)")
-        return cls(policy, doc.get("max_paths", MAX_PATHS), kind, bool(doc.get("adaptive", False)), relays)
+        return cls(doc.get("policy", "single"), doc.get("max_paths", MAX_PATHS), doc.get("port_kind"),
+                   bool(doc.get("adaptive", False)), doc.get("relays", 0))
 
 
 class Paths:

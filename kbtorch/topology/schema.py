@@ -137,7 +137,7 @@ LAUNCH = Record({
 })
 
 #: Multi-path transport (optional; without it: single-path routing). ``policy`` is checked
-#: against ``multipath.POLICIES`` when the machine is compiled.
+#: against ``multipath.POLICIES`` when the machine is compiled (``validate.check_routing``).
 ROUTING = Record({
     "policy": req(STR),
     "max_paths": opt(POS_INT),

@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextvars
 import os
 
+from .. import state
 from .errors import TopologyError
 from .machine import DEFAULT_MACHINE, Machine, load_machine
 
 ENV = "KBTORCH_TOPOLOGY"
-_SCOPED: contextvars.ContextVar = contextvars.ContextVar("kbtorch_machine", default=None)
+_SCOPED: contextvars.ContextVar = state.context_var("kbtorch_machine", None)
 _PROCESS: list = [None]
 #: Bumped by every use() made, entered or left: a use() entered right after it was made is a
 #: block's; one entered later was a process choice already.

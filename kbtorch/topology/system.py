@@ -6,12 +6,17 @@ ports on a node of the chip, e.g. Maia's 28 ANCs as four groups), the links betw
 groups of the chips of a tray (``[tray]``), and switch tiers (``[switches.NAME]``: one
 switch per ``per`` trays over a port group, or per ``per`` switches of the tier below).
 
-``compile_system`` checks it and writes it as a chip-style document (blocks ``__chip``: the
+``compile_system`` writes it as a chip-style document (blocks ``__chip``: the
 chip's top block plus its port nodes, ``__tray``, ``__system``) that the ordinary expander
 turns into one flat machine: PEs chip-major (``tray0.chip0.`` first), the chip a level of
 the PE names (``--group chip:3``), each chip's own launch node. ``SystemLayout`` keeps the
 structure the system router (``system_route.py``) routes over: chip-local routes come from
 the chip alone, routes between chips go port group to port group, directly or up the tiers.
+
+NOTE: the checks of a system are ``validate``'s (names, references, dangling ports, reach);
+those of a port group, a tray link and the tiers (``_group``, ``_member``, ``_tray``,
+``_tiers``) are made here, as the structure they check is built: checking first would be
+the same walk twice.
 
 NOTE: a port group is one port node whose link to ``attach`` and to its peers carries
 ``lanes`` x the lane's bandwidth (``split = false``, the default): single-path routing then
@@ -23,21 +28,13 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from .errors import TopologyError, did_you_mean
-from .overrides import CHIP_PREFIX, apply_overrides
-from .schema import SYSTEM_TOP
-from .validate import validate
+from .validate import check_ports_used, check_reach, check_switch_refs, check_system_names, known
 
 #: The coordinates (and PE-name levels) a system adds above the chip's own.
 LEVELS = ("tray", "chip")
 _MEMBER = re.compile(r"^chip(\d+)\.([A-Za-z_][A-Za-z0-9_]*)$")
-
-
-def is_system(doc: dict) -> bool:
-    """Whether a parsed document is a system file (a ``[system]`` table, no ``[machine]``)."""
-    return "system" in doc and "machine" not in doc
 
 
 @dataclass(frozen=True)
@@ -105,11 +102,7 @@ def compile_system(doc: dict, path: str, chip_doc: dict, chip_path: str) -> tupl
     """The chip-style document of system ``doc`` (validated) over chip ``chip_doc`` (validated),
     and its ``SystemLayout``; TopologyError naming the system file and the field at fault."""
     sysd, ports, tray = doc["system"], doc["ports"], doc["tray"]
-    for section in ("links", "components"):
-        for name in doc[section]:
-            if name in chip_doc[section]:
-                raise TopologyError(path, f"{section}.{name}", f"'{name}' is also in [{section}] of the chip file "
-                                    f"{chip_path}; give the system's another name")
+    check_system_names(doc, path, chip_doc, chip_path)
     top = chip_doc["blocks"][chip_doc["machine"]["top"]]
     groups = {name: _group(path, name, spec, top, doc) for name, spec in ports.items()}
     links = {**chip_doc["links"], **doc["links"]}
@@ -123,14 +116,11 @@ def compile_system(doc: dict, path: str, chip_doc: dict, chip_path: str) -> tupl
             nodes[node] = spec["component"]
             extra.append({"a": node, "b": g.attach, "link": kind})
     direct, tray_links = _tray(path, tray, groups, links)
-    _switch_refs(path, doc.get("switches", {}), links, {**chip_doc["components"], **doc["components"]})
+    check_switch_refs(path, doc.get("switches", {}), links, {**chip_doc["components"], **doc["components"]})
     tiers = _tiers(path, doc.get("switches", {}), groups, sysd["trays"])
     used = {g for pair in direct.values() for g in pair} | {t.down for t in tiers}
-    for name in groups:
-        if name not in used:
-            raise TopologyError(path, f"ports.{name}", "dangling port: the group is joined to nothing (no [tray] "
-                                "link names it and no switch tier is over it)")
-    _check_reach(path, sysd["trays"], tray["chips"], direct, tiers)
+    check_ports_used(path, groups, used)
+    check_reach(path, sysd["trays"], tray["chips"], direct, tiers)
     system_block = {"arrays": {"tray": {"block": "__tray", "count": sysd["trays"]}},
                     "nodes": {f"{t.name}_{i}": doc["switches"][t.name]["component"] for t in tiers for i in range(t.count)},
                     "links": _switch_links(doc.get("switches", {}), tiers, groups, links, sysd["trays"], tray["chips"])}
@@ -151,44 +141,14 @@ def compile_system(doc: dict, path: str, chip_doc: dict, chip_path: str) -> tupl
     return out, layout
 
 
-def chip_file(path: str, name: str, topology_dirs) -> str:
-    """The chip file ``name`` of system file ``path``: a path (relative to the system file's
-    directory) or a topology name looked up like ``load_machine``'s."""
-    where = Path(path).parent
-    if name.endswith(".toml") or "/" in name:
-        cand = Path(name) if Path(name).is_absolute() else where / name
-        if cand.is_file():
-            return str(cand)
-    else:
-        for d in [where, *topology_dirs]:
-            if (Path(d) / f"{name}.toml").is_file():
-                return str(Path(d) / f"{name}.toml")
-    raise TopologyError(path, "system.chip", f"unknown chip file '{name}' (a path relative to {where}, "
-                        "or a topology name)")
-
-
-def check_system(doc: dict, path: str, overrides) -> None:
-    """Overrides applied and schema checked, in place. An override ``chip.X`` (``CHIP_PREFIX``)
-    sets field ``X`` of the chip file: it joins ``system.chip_overrides`` (over the file's own
-    entry for ``X``) and is checked with the chip file when the system compiles."""
-    chip = {k: v for k, v in overrides.items() if isinstance(k, str) and k.startswith(CHIP_PREFIX)} \
-        if isinstance(overrides, dict) else {}
-    if overrides is not None:
-        apply_overrides(doc, {k: v for k, v in overrides.items() if k not in chip} if chip else overrides, path)
-    validate(doc, path, SYSTEM_TOP)
-    if chip:
-        own = doc["system"].get("chip_overrides", {})
-        doc["system"]["chip_overrides"] = {**own, **{k.removeprefix(CHIP_PREFIX): v for k, v in chip.items()}}
-
-
 def _group(path: str, name: str, spec: dict, top: dict, doc: dict) -> PortGroup:
     where = f"ports.{name}"
     if spec["attach"] not in top.get("nodes", {}):
         raise TopologyError(path, f"{where}.attach", f"no node '{spec['attach']}' in the chip's top block (its nodes: "
                             f"{', '.join(sorted(top.get('nodes', {})))})")
-    _known(path, f"{where}.component", spec["component"], doc["components"], "component",
+    known(path, f"{where}.component", spec["component"], doc["components"], "component",
            " (ports use the system's [components])")
-    _known(path, f"{where}.link", spec["link"], doc["links"], "link kind")
+    known(path, f"{where}.link", spec["link"], doc["links"], "link kind")
     g = PortGroup(name, spec["attach"], spec["lanes"], spec.get("split", False))
     clash = [n for n in g.nodes if n in top.get("nodes", {}) or n in top.get("arrays", {})]
     if clash:
@@ -233,24 +193,11 @@ def _tray(path: str, tray: dict, groups: dict, links: dict) -> tuple[dict, list]
         if a.lanes != b.lanes or a.split != b.split:
             raise TopologyError(path, where, f"port groups '{ga}' ({a.lanes} lanes) and '{gb}' ({b.lanes} lanes) "
                                 "differ; a link pairs lane with lane")
-        _known(path, f"{where}.link", link["link"], links, "link kind")
+        known(path, f"{where}.link", link["link"], links, "link kind")
         kind = _lanes_link(links, link["link"], 1 if a.split else a.lanes)
         out += [{"a": f"chip[{i}].{u}", "b": f"chip[{j}].{v}", "link": kind} for u, v in zip(a.nodes, b.nodes)]
         direct[(i, j)], direct[(j, i)] = (ga, gb), (gb, ga)
     return direct, out
-
-
-def _known(path: str, where: str, name: str, known, what: str, hint: str = "") -> None:
-    """Refuse ``name`` at ``where`` unless it is one of ``known`` (a ``what``: link kind, component)."""
-    if name not in known:
-        raise TopologyError(path, where, f"unknown {what} '{name}'{did_you_mean(name, known)}{hint}")
-
-
-def _switch_refs(path: str, switches: dict, links: dict, components: dict) -> None:
-    """Every switch tier names a known link kind and component."""
-    for name, spec in switches.items():
-        _known(path, f"switches.{name}.link", spec["link"], links, "link kind")
-        _known(path, f"switches.{name}.component", spec["component"], components, "component")
 
 
 def _tiers(path: str, switches: dict, groups: dict, trays: int) -> list:
@@ -291,17 +238,6 @@ def _tiers(path: str, switches: dict, groups: dict, trays: int) -> list:
         raise TopologyError(path, f"switches.{t.name}", f"a switch with no uplink: {t.count} switches ('{t.down}' "
                             f"below, {t.per} each) and no tier above joins them; add a tier with down = '{t.name}'")
     return tiers
-
-
-def _check_reach(path: str, trays: int, chips: int, direct: dict, tiers: list) -> None:
-    if tiers:
-        return
-    if trays > 1:
-        raise TopologyError(path, "switches", f"{trays} trays and no switch tier joins them")
-    lost = [(i, j) for i in range(chips) for j in range(i + 1, chips) if (i, j) not in direct]
-    if lost:
-        raise TopologyError(path, "tray.links", f"chips {lost[0][0]} and {lost[0][1]} of a tray are not joined "
-                            "(no direct link and no switch tier)")
 
 
 def _switch_links(switches: dict, tiers: list, groups: dict, links: dict, trays: int, chips: int) -> list:

@@ -44,13 +44,14 @@ from ..stream import CAPTURE
 from ..tensor import AhbmTensor
 from ..timing import Timed
 from . import fusion, join, passes
+from ... import state
 
 #: Simulated graphs kept (key -> Scheduled plan); the oldest is dropped beyond this.
 CACHE_MAX = 64
-_CACHE: dict = {}
+_CACHE: dict = state.cache({}, "kbtorch.tensor.graph.capture._CACHE")
 #: The last graph simulated of each shape key (``fusion.shape_key``): (its kernel runs, plan,
 #: schedule), what like graphs are re-timed from.
-_LIKE: dict = {}
+_LIKE: dict = state.cache({}, "kbtorch.tensor.graph.capture._LIKE")
 #: A graph like a simulated one (the same ops, dependencies and kernel kinds) is re-timed from
 #: it while its kernels, each simulated alone, moved at most this fraction of the simulated
 #: graph's latency in all (the sum of the changes' sizes); beyond, it is simulated (docs/model.md).

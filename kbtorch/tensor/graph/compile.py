@@ -29,10 +29,11 @@ import torch
 from ..dispatch import DEVICE
 from ..tensor import AhbmTensor
 from .capture import Graph
+from ... import state
 
 log = logging.getLogger(__name__)
-_COMPILED: list = []
-_FIRST: dict = {}           # dynamo's graph (its ops in order) -> the first graph compiled from it
+_COMPILED: list = state.cache([], "kbtorch.tensor.graph.compile._COMPILED")
+_FIRST: dict = state.cache({}, "kbtorch.tensor.graph.compile._FIRST")           # dynamo's graph (its ops in order) -> the first graph compiled from it
 
 
 def _check_on_device(gm, example_inputs) -> None:
@@ -113,7 +114,7 @@ def backend(gm, example_inputs):
     return run
 
 
-_BREAKS: list = []
+_BREAKS: list = state.cache([], "kbtorch.tensor.graph.compile._BREAKS")
 
 
 class _BreakLog(logging.Handler):

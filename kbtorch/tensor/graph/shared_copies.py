@@ -27,6 +27,7 @@ from ...kernel import run_programs
 from ...ops.vector import pass_mode
 from ...sim.commands import Fetch, Send, Signal, Wait
 from . import fusion
+from ... import state
 
 
 #: Kernels of pointwise passes (their parts split anywhere; a row reduction's would need its rows).
@@ -67,6 +68,9 @@ def memories(machine, pes) -> tuple:
     return tuple(tuple(g) for g in out.values())
 
 
+@state.cache
+
+
 @lru_cache(maxsize=1024)
 def split_pass(machine, vec) -> tuple | None:
     """(programs, latency alone in ps) of a replicated vector pass run once per memory
@@ -89,6 +93,9 @@ def split_pass(machine, vec) -> tuple | None:
     meet = barrier(groups, working)
     split = {pe: list(progs.get(pe, [])) + meet.get(pe, []) for pe in vec.pes}
     return split, _alone_ps(machine, split)
+
+
+@state.cache
 
 
 @lru_cache(maxsize=1024)

@@ -27,8 +27,12 @@ from ..dispatch import Out, host_call, register, same_device, value_of
 from ..placement.spec import Shard, scoped_pes
 from ..timing import kernel_dtype, mesh_of, timed, vector
 from .matmul import timed_mm
+from ... import state
 
 NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+@state.cache
 
 
 @lru_cache(maxsize=128)

@@ -28,8 +28,12 @@ from ..placement.sharding import flat, placement, settle_partial, to_all
 from ..placement.spec import Partial, Replicate, Shard, Spec, default_spec, scoped_pes
 from ..timing import Rows, kernel_dtype, on, timed, vector
 from .matmul_mesh import mesh_matmul
+from ... import state
 
 aten = torch.ops.aten
+
+
+@state.cache
 
 
 @lru_cache(maxsize=256)

@@ -51,6 +51,7 @@ from ..stream import CAPTURE, tracing
 from ..tensor import AhbmTensor
 from ..timing import Timed, kernel_dtype, vector
 from .plan import ParallelStyle, describe, parallelize_module
+from ... import state
 
 #: PEs of each chip that drive its network in the all-to-alls (``across:chip:K``).
 # NOTE: a front-end choice of which engines move the data, not hardware.
@@ -211,6 +212,9 @@ def _lines(rows: tuple) -> list:
     return [tuple(r[t * p // k] for r in rows) for t in range(k)]
 
 
+@state.cache
+
+
 @lru_cache(maxsize=256)
 def _all_to_all(machine, rows: tuple, block_bytes: int, dtype: str, eb: int) -> tuple:
     """(latency ns, algorithm, RunResult, bytes) of the padded all-to-all of ``block_bytes``
@@ -222,6 +226,9 @@ def _all_to_all(machine, rows: tuple, block_bytes: int, dtype: str, eb: int) -> 
     return latency, algo, result, per_line * c * c * len(lines)
 
 
+@state.cache
+
+
 @lru_cache(maxsize=256)
 def _chip_reduce(machine, rows: tuple, nbytes: int, dtype: str, eb: int):
     """The all-reduce of ``nbytes`` inside every chip at once (None on one-PE chips)."""
@@ -231,6 +238,9 @@ def _chip_reduce(machine, rows: tuple, nbytes: int, dtype: str, eb: int):
     latency, algo, result = on_groups_run("all_reduce", [tuple(r) for r in rows], nbytes=elems * eb, dtype=dtype,
                                           machine=machine)
     return latency, algo, result, elems * eb * len(rows)
+
+
+@state.cache
 
 
 @lru_cache(maxsize=256)

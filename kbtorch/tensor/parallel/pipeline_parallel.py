@@ -48,6 +48,7 @@ from ..placement.spec import SCOPE, Partial, Replicate, Spec, default_spec
 from ..tensor import AhbmTensor
 from ..timing import kernel_dtype
 from .plan import ParallelStyle, describe, parallelize_module
+from ... import state
 
 #: PE pairs per chip that carry a transfer between stages.
 # NOTE: as ``expert_parallel.LINES``: the engines that drive a chip's network, not hardware.
@@ -364,6 +365,9 @@ def micro_caches(parts: list):
     cache = MicroCaches()
     cache.micro_parts = list(parts)
     return cache
+
+
+@state.cache
 
 
 @lru_cache(maxsize=256)

@@ -12,6 +12,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from math import prod
 
+from ... import state
 from .mesh import Mesh, SubMesh
 
 
@@ -92,7 +93,7 @@ SHARD_MIN_PER_PE = 1024
 #: The mesh that new tensors and unplaced kernels use while it is set (a pipeline stage's
 #: PEs, ``tensor.pipeline``; a data-parallel replica, ``home``), for its machine; None: every
 #: PE of the machine.
-SCOPE: ContextVar = ContextVar("kbtorch_scope", default=None)
+SCOPE: ContextVar = state.context_var("kbtorch_scope", None)
 
 
 def scoped_pes(machine) -> tuple | None:

@@ -1,0 +1,59 @@
+"""Step 2 of loading (see ``loader``): a topology file's bytes -> its parsed TOML document.
+
+Every fault is a :class:`TopologyError` naming the file and the entry ``file``.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import tomllib
+from pathlib import Path
+
+from .errors import TopologyError
+
+__all__ = ["read_bytes", "parse", "read_toml", "is_system"]
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """The bytes of topology file ``path``; TopologyError if it is not a readable regular file."""
+    name = str(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise TopologyError(name, "file", "no such topology file") from None
+    except OSError as exc:
+        raise TopologyError(name, "file", f"cannot read: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise TopologyError(name, "file", "is a directory, not a topology file")
+    if not stat.S_ISREG(mode):
+        raise TopologyError(name, "file", "is not a regular file")
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise TopologyError(name, "file", f"cannot read: {exc.strerror}") from None
+
+
+def parse(path: str | Path, data: bytes) -> dict:
+    """The document of ``data`` (the bytes of ``path``); TopologyError unless UTF-8 TOML."""
+    name = str(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TopologyError(name, "file", f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise TopologyError(name, "file", f"not valid TOML: {exc}") from None
+    except RecursionError:
+        # NOTE: tomllib parses nested arrays and inline tables recursively.
+        raise TopologyError(name, "file", "not valid TOML: values nested too deeply") from None
+
+
+def read_toml(path: str | Path) -> dict:
+    """The parsed document; TopologyError if the path is not a readable file of UTF-8 TOML."""
+    return parse(path, read_bytes(path))
+
+
+def is_system(doc: dict) -> bool:
+    """Whether a parsed document is a system file (a ``[system]`` table, no ``[machine]``)."""
+    return "system" in doc and "machine" not in doc
