@@ -48,12 +48,19 @@ def registered() -> dict:
     return {"caches": dict(_CACHES), "context_vars": {name: var for name, (var, _) in _VARS.items()}}
 
 
-def reset() -> None:
-    """Empty every registered cache and set every registered context variable to its default."""
-    for obj in _CACHES.values():
+def reset(prefix: str | None = None) -> None:
+    """Empty every registered cache and set every registered context variable to its default;
+    with ``prefix`` (``"kbtorch.tensor.graph.capture"``), only the caches whose names start
+    with it, the context variables untouched (a test drops one module's memory of earlier runs
+    and keeps its machine)."""
+    found = [obj for name, obj in _CACHES.items() if prefix is None or name.startswith(prefix)]
+    if prefix is not None and not found:
+        raise KeyError(f"kbtorch.reset: no registered cache is named {prefix!r}...")
+    for obj in found:
         if hasattr(obj, "cache_clear"):
             obj.cache_clear()
         else:
             obj.clear()
-    for var, default in _VARS.values():
-        var.set(default)
+    if prefix is None:
+        for var, default in _VARS.values():
+            var.set(default)

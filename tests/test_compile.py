@@ -100,7 +100,7 @@ def test_graph_break_names_the_user_line_only(small):
         scale = y.sum().item()
         return y * scale
     torch._dynamo.reset()
-    kc._BREAKS.clear()
+    kbtorch.reset("kbtorch.tensor.graph.compile._BREAKS")
     x = torch.ones(2, 16).to("ahbm")
     with kbtorch.profile() as prof:
         got = torch.compile(fn, backend="kbtorch")(x)

@@ -306,7 +306,7 @@ def test_dynamic_cache_steps_are_retimed_within_the_tolerance(small, monkeypatch
     runs = {}
     for tol in (-1.0, graph_mod.RETIME_TOLERANCE):          # -1: every step simulated
         monkeypatch.setattr(graph_mod, "RETIME_TOLERANCE", tol)
-        graph_mod._CACHE.clear(), graph_mod._LIKE.clear()
+        kbtorch.reset("kbtorch.tensor.graph.capture")
         model, _ = build("tiny-qwen2")
         runs[tol] = _decode(model.to("ahbm"), ids, 4)
     (full, fcount, ftok), (fast, count, tok) = runs[-1.0], runs[graph_mod.RETIME_TOLERANCE]

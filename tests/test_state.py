@@ -1,4 +1,4 @@
-"""Issue 41 item 5: every process-wide cache and context variable of kbtorch is in one registry
+"""Every process-wide cache and context variable of kbtorch is in one registry
 (``kbtorch.state``), and ``kbtorch.reset()`` empties and resets them all."""
 import contextvars
 import importlib
@@ -7,13 +7,9 @@ import pkgutil
 import kbtorch
 from kbtorch import state
 
-#: NOTE: being moved into a package by another change; registered after it lands.
-SKIP = ("kbtorch.ops.collective",)
-
-
 def _modules():
     for info in pkgutil.walk_packages(kbtorch.__path__, "kbtorch."):
-        if not info.name.startswith(SKIP) and info.name != "kbtorch.__main__":
+        if info.name != "kbtorch.__main__":
             yield importlib.import_module(info.name)
 
 
@@ -44,3 +40,17 @@ def test_reset_empties_them():
         assert (c.cache_info().currsize if hasattr(c, "cache_info") else len(c)) == 0, name
     for var, default in state._VARS.values():
         assert var.get() == default
+
+
+def test_reset_of_one_module_keeps_the_rest():
+    from kbtorch.tensor.graph import capture
+    capture._CACHE["k"] = 1
+    with kbtorch.use("tests/data/tiny.toml") as machine:
+        kbtorch.reset("kbtorch.tensor.graph.capture")
+        assert capture._CACHE == {} and kbtorch.current_machine() is machine
+    try:
+        kbtorch.reset("kbtorch.no_such_module")
+    except KeyError as exc:
+        assert "no_such_module" in str(exc)
+    else:
+        raise AssertionError("an unknown prefix is refused")
