@@ -61,6 +61,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def positive_float(what: str = "a positive number"):
+    """An argparse ``type``: a finite float above 0, else an error saying the text is not ``what``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"'{text}' is not {what}")
+        return value
+    return parse
+
+
 def _nonneg_int(text: str) -> int:
     value = _int(text)
     if value < 0:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from .cli_common import _positive_int, check_output
+from .cli_common import _positive_int, check_output, positive_float
+
+_RATE = positive_float()
 
 
 def add_parser(sub, common) -> None:
@@ -16,9 +18,9 @@ def add_parser(sub, common) -> None:
     w.add_argument("--trace", dest="workload_trace", metavar="NAME|PATH", help="azure-conv, azure-code (shipped), or a trace file")
     w.add_argument("--trace-kind", choices=("azure", "mooncake", "plain"), help="the trace's format (default: by name)")
     w.add_argument("--requests", type=_positive_int, default=1000, help="synthetic requests, or the first N of a trace")
-    w.add_argument("--qps", type=_rate, help="requests/s (a trace: rescaled to it)")
+    w.add_argument("--qps", type=_RATE, help="requests/s (a trace: rescaled to it)")
     w.add_argument("--arrival", choices=("poisson", "gamma", "constant"), default="poisson")
-    w.add_argument("--burstiness", type=_rate, default=1.0, help="gamma shape (vLLM's --burstiness)")
+    w.add_argument("--burstiness", type=_RATE, default=1.0, help="gamma shape (vLLM's --burstiness)")
     w.add_argument("--input-tokens", type=_length, default="512", help="N, uniform:LO:HI or zipf:LO:HI:A")
     w.add_argument("--output-tokens", type=_length, default="128", help="N, uniform:LO:HI or zipf:LO:HI:A")
     w.add_argument("--concurrency", type=_positive_int, help="closed loop: this many requests outstanding")
@@ -30,7 +32,7 @@ def add_parser(sub, common) -> None:
     e.add_argument("--chunk-tokens", type=_positive_int, default=512, help="sarathi's chunk")
     e.add_argument("--kv-blocks", type=_positive_int, help="KV blocks per replica (default with --step simulated: "
                    "the replica's HBM x --hbm-utilization minus the weights)")
-    e.add_argument("--hbm-utilization", type=_rate, default=0.9, help="share of HBM for weights + KV (as vLLM)")
+    e.add_argument("--hbm-utilization", type=_RATE, default=0.9, help="share of HBM for weights + KV (as vLLM)")
     e.add_argument("--block-tokens", type=_positive_int, default=16)
     e.add_argument("--no-prefix-caching", action="store_true")
     e.add_argument("--replicas", type=_positive_int, default=1)
@@ -49,15 +51,6 @@ def add_parser(sub, common) -> None:
     o.add_argument("--csv", metavar="PATH", help="write one row per request")
     p.set_defaults(func=_cmd_serve, needs_machine=False)
 
-
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a positive number")
-    return value
 
 
 def _length(text: str):

@@ -13,7 +13,7 @@ import importlib.util
 import os
 import sys
 
-from .cli_common import _byte_count, _positive_int, check_output, topology_inputs
+from .cli_common import _byte_count, _positive_int, check_output, positive_float, topology_inputs
 
 EXPORTS = ("csv", "parquet", "md")
 #: Columns of the text table (the figures; ns_<kind> columns are in the exports).
@@ -31,21 +31,12 @@ def add_parser(sub, common) -> None:
     p.add_argument("--export", nargs=2, metavar=("csv|parquet|md", "PATH"), help="write every point's row to PATH")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots to DIR")
     p.add_argument("--retry-failed", action="store_true", help="run the points stored as failed again")
-    p.add_argument("--point-timeout", type=_seconds, metavar="S",
+    p.add_argument("--point-timeout", type=positive_float("a positive number of seconds"), metavar="S",
                    help="wall seconds a point may run (default $KBTORCH_MAX_POINT_S or 3600)")
     p.add_argument("--point-memory", type=_byte_count, metavar="BYTES",
                    help="memory a point may take, e.g. 4GiB (default $KBTORCH_MAX_POINT_BYTES or 8GiB)")
     p.set_defaults(func=_cmd_sweep, needs_machine=False)
 
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a positive number of seconds")
-    return value
 
 
 def _check_extras(args) -> None:
