@@ -3,8 +3,8 @@
 An entry is found by what it was made from, never by a file's name or mtime: a resolved
 document by ``Sources.key`` (every byte read, and the overrides), a machine by its path and
 the digest of its resolved document (``content_digest``: what a machine IS, so a touched file
-is the same machine and an edited chip file a new one). ``clear()`` empties it
-(``kbtorch.reset()`` does).
+is the same machine and an edited chip file a new one). ``clear()`` drops what only the
+cache holds (``kbtorch.reset()`` does).
 
 NOTE: the ``SIZE`` latest entries are held; an older one is kept while something else still
 holds it (a machine that tensors and modules use), so one content is one object for as long
@@ -54,10 +54,10 @@ def get(key, make):
 
 
 def clear() -> None:
-    """Forget every entry."""
+    """Forget every entry held only by the cache. NOTE: an entry something else still holds
+    stays findable, so one content remains one object while in use (a machine a fixture or a
+    module holds is not duplicated by a later load after ``kbtorch.reset()``)."""
     _RECENT.clear()
-    _LIVE.clear()
 
 
 state.cache(_RECENT, "kbtorch.topology.cache._RECENT")
-state.cache(_LIVE, "kbtorch.topology.cache._LIVE")

@@ -33,7 +33,7 @@ from ... import state
 
 log = logging.getLogger(__name__)
 _COMPILED: list = state.cache([], "kbtorch.tensor.graph.compile._COMPILED")
-_FIRST: dict = state.cache({}, "kbtorch.tensor.graph.compile._FIRST")           # dynamo's graph (its ops in order) -> the first graph compiled from it
+_FIRST: dict = state.cache({}, "kbtorch.tensor.graph.compile._FIRST")           # dynamo's frame id -> the first graph compiled from it
 
 
 def _check_on_device(gm, example_inputs) -> None:
@@ -81,11 +81,19 @@ def _never_traced() -> None:
         set_code_exec_strategy(getattr(fn, "__func__", fn).__code__, skip)
 
 
-def _frame():
-    """The frame dynamo is compiling (its compile id's ``frame_id``), or a fresh key outside dynamo."""
+def _recompiles(number: int):
+    """The graph first compiled from the frame dynamo is compiling now, or None when this is
+    that frame's first compile (or outside dynamo). NOTE: dynamo's compile id names the frame
+    and counts its compiles (``frame_compile_id`` 0 is the first); ``torch._dynamo.reset()``
+    numbers frames from 0 again, so a first compile always takes the frame's number over."""
     from torch._guards import CompileContext
     cid = CompileContext.current_compile_id()
-    return ("frame", cid.frame_id) if cid is not None else object()
+    if cid is None:
+        return None
+    if not cid.frame_compile_id or cid.frame_id not in _FIRST:
+        _FIRST[cid.frame_id] = number
+        return None
+    return _FIRST[cid.frame_id]
 
 
 def backend(gm, example_inputs):
@@ -94,10 +102,7 @@ def backend(gm, example_inputs):
     shapes = [_shape(x) for x in example_inputs]
     number = len(_COMPILED)
     ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
-    # NOTE: a recompile is of the same frame (dynamo's compile id names the code it traced and
-    # counts its recompiles); another function with the same ops is a new graph, not a recompile.
-    first = _FIRST.setdefault(_frame(), number)
-    again = first if first != number else None
+    again = _recompiles(number)
     _COMPILED.append({"graph": number, "inputs": shapes, "ops": ops, "recompiles": again})
     log.log(logging.WARNING if again is not None else logging.INFO,
             "kbtorch.tensor.graph.compile: graph %d: %d ops for inputs %s%s", number, ops, shapes,
