@@ -30,7 +30,7 @@ def test_every_cache_and_context_var_is_registered():
     ids = {id(c) for c in reg["caches"].values()}
     assert [c for c in caches if id(c) not in ids] == []
     assert {id(v) for v in found_vars} <= {id(v) for v in reg["context_vars"].values()}
-    assert len(reg["context_vars"]) == 7
+    assert len(reg["context_vars"]) == 8
 
 
 def test_reset_empties_them():

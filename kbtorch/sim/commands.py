@@ -50,6 +50,7 @@ class Command:
     label: str = field(default="", kw_only=True)
     desc: int = field(default=0, kw_only=True)
     notify: tuple = field(default=(), kw_only=True)
+    mark: int = field(default=-1, kw_only=True)     # >= 0: the run keeps its mark's last completion
 
     engine = ""
     KIND = "compute"

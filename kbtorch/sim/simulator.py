@@ -45,6 +45,8 @@ class RunResult:
     pe_finish_ps: dict = field(default_factory=dict, repr=False)
     timeline: dict = field(default_factory=dict, repr=False)
     programs: dict | None = field(default=None, repr=False)     # {pe: [commands]} as built (kernel.run_programs)
+    obtained: object = field(default=None, repr=False)          # how: kernel.steady.Obtained (kernel.run_programs)
+    marks: dict = field(default_factory=dict, repr=False)       # {mark: (ps, chain)}: commands' ``mark``
 
     @property
     def latency_ns(self) -> float:
@@ -88,6 +90,7 @@ class Simulator:
         self._pes: dict[int, PEModel] = {}
         self._mems: dict[str, Memory | None] = {}
         self.last_t, self.last_chain = 0, None
+        self.marks: dict = {}       # mark -> (t, chain) of the last completion of its commands
         self.pe_finish: dict[int, int] = {}
         self._used = False
         self.weight = weight or (lambda node: 1)
@@ -108,11 +111,13 @@ class Simulator:
             self._mems[node] = Memory(node, d["params"], self.machine.flit_bytes) if d["kind"] in ("hbm", "sram") else None
         return self._mems[node]
 
-    def command_done(self, t: int, chain, pe: int | None = None) -> None:
+    def command_done(self, t: int, chain, pe: int | None = None, mark: int = -1) -> None:
         if t >= self.last_t:
             self.last_t, self.last_chain = t, chain
         if pe is not None and t > self.pe_finish.get(pe, -1):
             self.pe_finish[pe] = t
+        if mark >= 0 and t >= self.marks.get(mark, (-1,))[0]:
+            self.marks[mark] = (t, chain)
 
     def _start(self) -> float:
         if self._used:
@@ -174,7 +179,8 @@ class Simulator:
             raise AssertionError(f"attribution {blame.total(self.last_chain)} ps != latency {self.last_t} ps")
         trace = self.engine.trace_lines() if self.engine.trace is not None else None
         return RunResult(self.last_t, self.last_chain, self.engine.events, wall, self._stats(), self.machine.graph, trace,
-                         pe_finish_ps=dict(sorted(self.pe_finish.items())), timeline=self._timeline())
+                         pe_finish_ps=dict(sorted(self.pe_finish.items())), timeline=self._timeline(),
+                         marks=dict(sorted(self.marks.items())))
 
     def _timeline(self) -> dict:
         """``{"pe": id, role: ((start_ps, end_ps, command), ...)}``: the busy spans of each

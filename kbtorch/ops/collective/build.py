@@ -60,6 +60,8 @@ def build(req: Request, grid) -> Built:
         raise CollectiveError(f"{req.algo} {req.kind}: {req.nbytes} bytes per member ({req.nbytes // eb} elements "
                               f"of {eb} bytes) do not split into {sched.blocks} equal blocks")
     kernel = CollectiveKernel(machine, sched, grid, padded, eb, req.dtype, req.op, req.packet_bytes)
+    if req.rounds is not None:
+        kernel.truncate(req.rounds)
     programs = kernel.programs()
     # NOTE: the bound's packet is one piece of one block: a kernel that sent blocks one by one
     # would not wait for a whole packet of several blocks.

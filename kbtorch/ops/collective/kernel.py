@@ -33,6 +33,7 @@ matching signal comes from.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from ...sim.commands import Move, Signal, Wait
 from .kernel_layout import KernelLayout
@@ -114,6 +115,7 @@ class CollectiveKernel(KernelLayout):
         self._use_indices()
         for rnd, k, step, pieces in self._order():
             self.at = (rnd, k)
+            made = [len(ctx.commands) for ctx in self.ctx]
             sends = [(x, bs, k0, ne) for x, bs, k0, ne in self._each(step, pieces) if (id(x), bs[0], k0) not in self.fused]
             for group in (multicast_copies(self.m, self.grid.pes, sends, self.tree_log) if self.multicast
                           else ([s] for s in sends)):
@@ -124,6 +126,9 @@ class CollectiveKernel(KernelLayout):
                     self._multicast(k, group)
             for x, bs, k0, ne in self._each(step, pieces):
                 self._receive((rnd, k), x, bs, k0, ne)
+            if self.marked:
+                for ctx, n in zip(self.ctx, made):
+                    ctx.commands[n:] = [replace(c, mark=rnd) for c in ctx.commands[n:]]
         for r in range(s.n):
             for b in s.keeps[r]:
                 if self.where.get((r, b, 0)) != "out":

@@ -134,7 +134,22 @@ class KernelLayout:
         self.pieces = [(k, min(piece, self.block_elems - k)) for k in range(0, self.block_elems, piece)]
         self.per_packet = self.packet_elems // self.block_elems if len(self.pieces) == 1 else 1
         self._packets: dict = {}
+        self.marked = False
         self._layout()
+
+    @property
+    def rounds(self) -> int:
+        """Rounds of pieces (``round`` pieces each, the last may have fewer)."""
+        return -(-len(self.pieces) // self.round)
+
+    def truncate(self, rounds: int) -> None:
+        """Keep the first ``rounds`` rounds of pieces and the last round: a truncated run of
+        the fast-forward (``kernel.steady``). The pieces kept keep their addresses, so the
+        kept rounds move exactly what they move in the whole kernel. Every command then
+        carries its round as its ``mark`` (the run keeps each round's last completion)."""
+        self.marked = True
+        if 0 <= rounds < self.rounds - 1:
+            self.pieces = self.pieces[:rounds * self.round] + self.pieces[(self.rounds - 1) * self.round:]
 
     # ---- analysis of the schedule -------------------------------------------------------
     def _uses(self) -> dict:

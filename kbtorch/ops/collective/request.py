@@ -25,7 +25,9 @@ class Request:
     ``nbytes`` per member (nccl-tests' count) of ``dtype``, packets of ``packet_bytes``
     (None: from the block size), simulation ``mode`` and block ``order``
     (``schedules.schedule``); ``shards``: every member's tensor for the numeric pass (None:
-    timing only). NOTE: ``nbytes`` and ``dtype`` as given until the checks resolve them
+    timing only); ``rounds``: build the kernel truncated to its first ``rounds`` rounds of
+    packets and its last (``KernelLayout.truncate``; None: whole); ``fidelity``: ``auto``
+    fast-forwards the rounds once they are steady (``kernel.steady``), ``exact`` simulates all. NOTE: ``nbytes`` and ``dtype`` as given until the checks resolve them
     (``simulate.checked``); a choice or a line's build takes a copy with its own ``algo`` or
     share (``dataclasses.replace``)."""
 
@@ -41,6 +43,8 @@ class Request:
     mode: str = "auto"
     order: str = "rank"
     shards: list | None = field(default=None, repr=False, compare=False)
+    rounds: int | None = None
+    fidelity: str = "auto"
 
     @property
     def elem_bytes(self) -> int:

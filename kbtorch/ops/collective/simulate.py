@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ...kernel import run_programs
+from ...kernel import fast_forward, run_programs
+from ...kernel import steady
 from ...sim.engine import paused_gc
 from ...sim.network import MODES
 from ... import limits
@@ -82,7 +83,8 @@ class CollectiveRun(OpRun):
                 "bound_ns": self.bound_ps / 1000, "pct_bound": self.pct_bound, "startup_ns": self.startup_ps / 1000,
                 "bottleneck": self.bottleneck, "analytic_ns": self.analytic_ps / 1000,
                 "candidates_ns": {a: ps / 1000 for a, ps in self.candidates.items()},
-                "events": self.result.events, "wall_s": self.result.wall_s}
+                "events": self.result.events, "wall_s": self.result.wall_s,
+                "obtained": self.result.obtained.as_dict()}
 
 
 def _shards(kind: str, shards, n: int, nbytes, dtype):
@@ -146,13 +148,18 @@ def _check_mode(mode: str) -> None:
 
 def collective(kind: str, shards=None, *, group="all", algo: str = "auto", op: str = "sum", root: int = 0,
                nbytes: int | None = None, dtype: str = "f16", machine=None, packet_bytes: int | None = None,
-               mode: str = "auto", order: str = "rank") -> CollectiveRun:
+               mode: str = "auto", order: str = "rank", fidelity: str | None = None) -> CollectiveRun:
     """Run collective ``kind`` on the simulator (and on ``shards`` with torch, if given), on
     ``machine`` (default: the current one, ``kbtorch.use``). ``order``: which blocks are a
-    reduce-scatter's or all-gather's member's (``schedules.schedule``)."""
+    reduce-scatter's or all-gather's member's (``schedules.schedule``); ``fidelity``: ``auto``
+    or ``exact`` (None: the one in force, ``kernel.use_fidelity``; see ``_simulated``)."""
+    try:
+        fidelity = steady.check(fidelity)
+    except ValueError as exc:
+        raise CollectiveError(str(exc)) from None
     with paused_gc():
         req = Request(kind, as_machine(machine), group=group, algo=algo, op=op, root=root, nbytes=nbytes, dtype=dtype,
-                      packet_bytes=packet_bytes, mode=mode, order=order, shards=shards)
+                      packet_bytes=packet_bytes, mode=mode, order=order, shards=shards, fidelity=fidelity)
         if isinstance(group, str) and group.startswith("across:"):
             return _across(req)
         return _one_group(req)
@@ -163,7 +170,8 @@ def _one_group(req: Request) -> CollectiveRun:
     req = replace(req, nbytes=nbytes, dtype=dtype)
     req, built, cands = _built(req, [pes], None, f"{len(pes)} members")
     mode = pick_mode(req.mode, req.machine, nbytes * len(pes), built.programs, built.busy)
-    result = run_programs(built.programs, req.machine, mode=mode)
+    grid = built.grids[0]
+    result = _simulated(req, built, mode, lambda r: build(r, grid))
     outputs = None
     if req.shards is not None:
         kernel, sched = built.kernels[0], built.sched
@@ -187,9 +195,25 @@ def _across(req: Request) -> CollectiveRun:
     req, built, cands = _built(req, lines, sizes, f"{n} {level}s")
     pes = tuple(p for line in lines for p in line)
     mode = pick_mode(req.mode, machine, nbytes * len(pes), built.programs, built.busy)
-    result = run_programs(built.programs, machine, mode=mode)
+    result = _simulated(req, built, mode, lambda r: build_lines(r, lines, sizes))
     outputs = units.numerics(req, lines, sizes) if req.shards is not None else None
     return _report(req, pes, built, result, mode, cands, outputs, n_units=n)
+
+
+def _simulated(req: Request, built, mode: str, rebuild):
+    """The RunResult of kernel ``built`` in ``mode``. ``fidelity="auto"``: where all its lines
+    have the same rounds of packets, those are fast-forwarded once steady (``kernel.steady``:
+    ``rebuild(request)`` builds the kernel again, truncated to ``request.rounds``); else, and
+    with ``exact``, every event is simulated. The result keeps the whole kernel's programs."""
+    rounds = {k.rounds for k in built.kernels}
+    if req.fidelity == "auto" and len(rounds) == 1:
+        machine = req.machine
+        got = fast_forward(lambda q: run_programs(rebuild(replace(req, rounds=q)).programs, machine, mode=mode),
+                           rounds.pop() - 1, req.fidelity)
+        if got is not None:
+            got.programs = built.programs
+            return got
+    return steady.simulated(run_programs(built.programs, req.machine, mode=mode), req.fidelity)
 
 
 def _built(req: Request, lines: list, sizes: list | None, members: str) -> tuple:

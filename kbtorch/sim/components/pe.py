@@ -252,7 +252,7 @@ class PEModel:
             self.signal(s.sem, s.inc, t, chain)
         for pe, sem in p.cmd.notify:
             self.sim.pe(pe).signal(sem, 1, t, chain)
-        self.sim.command_done(t, chain, self.info.id)
+        self.sim.command_done(t, chain, self.info.id, p.cmd.mark)
 
     def stuck(self) -> list[str]:
         """Descriptions of the commands that can never start."""

@@ -1,0 +1,197 @@
+"""Steady states fast-forwarded: a program of many repeats simulated truncated, and advanced
+by the repeats it skipped (``fidelity="auto"``), with a record of how every result was
+obtained (``Obtained``).
+
+A program that repeats one unit ``total`` times between a head and a tail (a collective's
+rounds of packets) is simulated truncated to its first ``q`` repeats and its tail, its
+commands marked with their repeat (``Command.mark``): the run keeps when each repeat's last
+command completed. The repeats from ``FIRST`` on are steady when those times lie on a line:
+the largest distance ``J`` of one from the least-squares line claims an error of
+``J * (1 + 2 * skipped / span)`` where the line is carried past the ``span`` it was fitted
+on by the ``skipped`` repeats (a line through points that each stray by at most ``J``
+strays at most that much there). Where the claim is within ``BOUND`` of the latency, the
+result is the truncated run advanced by ``skipped`` repeats at the line's slope: its
+latency; its events, counters and PE finishes along their growth from the run of ``q // 2``
+repeats (``HALF``) to this one; its attribution extended by the skipped time, shared among
+the (element, cause) pairs the fitted repeats' time went to. Else ``q`` doubles, while the
+runs cost at most ``COST`` of the whole; past it ``fast_forward`` gives None and the caller
+simulates every event.
+
+NOTE: this is simulation, not a formula: every figure comes from simulated runs of the very
+program, under its whole concurrent mix; only repeats observed to be alike are skipped
+(``docs/model.md``, fast-forward; ``docs/validation.md``, the table against ``exact``).
+"""
+from __future__ import annotations
+
+import contextvars
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+from .. import state
+from ..sim import blame
+
+FIDELITIES = ("exact", "auto")
+#: Repeats before the first fitted one: the pipeline's fill is simulated, not fitted.
+FIRST = 4
+#: The repeats of the first try (then doubled).
+START = 16
+#: The largest error a fast-forward may claim, relative to its latency.
+BOUND = 0.005
+#: The truncated runs may cost at most this share of the whole run's repeats.
+COST = 0.5
+_FIDELITY: contextvars.ContextVar = state.context_var("kbtorch_fidelity", "auto")
+
+
+@dataclass(frozen=True)
+class Obtained:
+    """How a result was obtained: ``fidelity`` asked, ``method`` used (``simulated``: every
+    event; ``fast-forward``: truncated runs advanced by whole repeats), events simulated and
+    skipped, the repeats skipped and the latency they stand for, the samples and the claimed
+    relative error bound."""
+
+    fidelity: str
+    method: str
+    events_simulated: int
+    events_skipped: int = 0
+    repeats_skipped: int = 0
+    skipped_ps: int = 0
+    samples: tuple = ()          # the repeats of the truncated runs
+    error_bound: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def check(fidelity: str | None) -> str:
+    """``fidelity`` (None: the one in force, ``use_fidelity``), or a ValueError naming it."""
+    if fidelity is None:
+        return _FIDELITY.get()
+    if fidelity not in FIDELITIES:
+        raise ValueError(f"unknown fidelity {fidelity!r} (known: {', '.join(FIDELITIES)})")
+    return fidelity
+
+
+class use_fidelity:
+    """``with use_fidelity("exact"):`` every run inside takes that fidelity (context-local)."""
+
+    def __init__(self, fidelity: str):
+        self.fidelity = check(fidelity)
+
+    def __enter__(self) -> str:
+        self._token = _FIDELITY.set(self.fidelity)
+        return self.fidelity
+
+    def __exit__(self, *exc) -> None:
+        _FIDELITY.reset(self._token)
+
+
+def simulated(result, fidelity: str = "exact"):
+    """``result``, a run with every event simulated, recorded as such."""
+    result.obtained = Obtained(fidelity, "simulated", result.events)
+    return result
+
+
+def fast_forward(run_at, total: int, fidelity: str = "auto"):
+    """The run of ``total`` repeats from truncated runs ``run_at(q)`` (RunResults with
+    ``marks``), or None when no steady state is observed within the cost (see the module's
+    docstring)."""
+    runs: dict = {}
+    q = START
+    while sum(runs) + q + (q // 2 if q // 2 not in runs else 0) <= COST * total:
+        for n in (q // 2, q):
+            if n not in runs:
+                runs[n] = run_at(n)
+        got = _steady(runs[q], q, total)
+        if got is None:
+            return None
+        if got[2] <= BOUND * got[1]:
+            return _advanced(runs[q // 2], runs[q], q, total, got, list(runs.values()), fidelity)
+        q *= 2
+    return None
+
+
+def _steady(run, q: int, total: int):
+    """(slope ps per repeat, latency, claimed error ps, the fitted repeats' first and last
+    marks' chains) of run ``run`` of ``q`` repeats; None if it is not steady: its repeats'
+    ends do not rise, or stray too far for this try or any later one to claim ``BOUND``."""
+    ks = list(range(FIRST, q))
+    if any(k not in run.marks for k in ks):
+        return None
+    ts = [run.marks[k][0] for k in ks]
+    km, tm = sum(ks) / len(ks), sum(ts) / len(ts)
+    slope = sum((k - km) * (t - tm) for k, t in zip(ks, ts)) / sum((k - km) ** 2 for k in ks)
+    stray = max(abs(t - (tm + slope * (k - km))) for k, t in zip(ks, ts))
+    skipped = total - q
+    latency = run.latency_ps + round(slope * skipped)
+    claim = stray * (1 + 2 * skipped / (ks[-1] - ks[0]))
+    if slope <= 0 or (claim > BOUND * latency and _hopeless(stray, latency, q, total)):
+        return None
+    return slope, latency, claim, run.marks[ks[0]][1], run.marks[ks[-1]][1]
+
+
+def _hopeless(stray: float, latency: int, q: int, total: int) -> bool:
+    """Whether no later try within the cost could claim ``BOUND`` if the repeats' ends
+    stray as far as now (the runs of ``q`` and ``q // 2`` repeats made already)."""
+    spent = q + q // 2
+    while True:
+        q *= 2
+        spent += q
+        if spent > COST * total:
+            return True
+        if stray * (1 + 2 * (total - q) / (q - 1 - FIRST)) <= BOUND * latency:
+            return False
+
+
+def _grown(first: int, last: int, span: int, skipped: int) -> int:
+    """``last`` grown on by ``skipped`` repeats at its growth over the ``span`` from ``first``."""
+    return last + round((last - first) * skipped / span)
+
+
+def _advanced(half, run, q: int, total: int, got, every: list, fidelity: str):
+    """Run ``run`` of ``q`` repeats advanced to ``total`` (see the module's docstring)."""
+    _, latency, claim, chain0, chain1 = got
+    span, skipped = q - q // 2, total - q
+    extra = latency - run.latency_ps
+    events = _grown(half.events, run.events, span, skipped)
+    run.chain = _attributed(chain0, chain1, run.chain, extra)
+    run.latency_ps = latency
+    run.stats = _stats(half.stats, run.stats, span, skipped)
+    run.pe_finish_ps = {pe: _grown(half.pe_finish_ps.get(pe, t), t, span, skipped) for pe, t in run.pe_finish_ps.items()}
+    run.obtained = Obtained(fidelity, "fast-forward", sum(r.events for r in every), events - run.events,
+                            skipped, extra, tuple(sorted(r for r in (q // 2, q))), claim / latency)
+    run.events, run.wall_s, run.marks = events, sum(r.wall_s for r in every), {}
+    return run
+
+
+def _attributed(first, last, chain, extra: int):
+    """``chain`` extended by ``extra`` ps, shared among the (element, cause) pairs in
+    proportion to their growth from chain ``first`` to ``last`` (largest remainders, in a
+    fixed order): the skipped repeats' time goes where the fitted repeats' time went."""
+    a, b = _per_pair(first), _per_pair(last)
+    grew = {k: v - a.get(k, 0) for k, v in b.items() if v > a.get(k, 0)} or dict(b)
+    keys = sorted(grew, key=repr)
+    whole = sum(grew.values())
+    share = {k: extra * grew[k] // whole for k in keys}
+    rest = extra - sum(share.values())
+    for k in sorted(keys, key=lambda k: (-(extra * grew[k] % whole), repr(k)))[:rest]:
+        share[k] += 1
+    for element, cause in keys:
+        chain = blame.extend(chain, element, cause, share[(element, cause)])
+    return chain
+def _per_pair(chain) -> Counter:
+    out: Counter = Counter()
+    for element, cause, ps in blame.segments(chain):
+        out[(element, cause)] += ps
+    return out
+
+
+def _stats(first, last, span: int, skipped: int):
+    """Counters grown on leaf by leaf (``_grown``); what is not a number as in ``last``."""
+    if isinstance(last, dict):
+        return {k: _stats(first.get(k, 0) if isinstance(first, dict) else 0, v, span, skipped)
+                for k, v in last.items()}
+    if isinstance(last, bool) or not isinstance(last, (int, float)):
+        return last
+    if isinstance(last, float):
+        return last + (last - first) * skipped / span
+    return _grown(first if isinstance(first, int) else 0, last, span, skipped)
