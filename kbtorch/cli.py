@@ -9,6 +9,7 @@ results and exits with 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -17,6 +18,7 @@ import sys
 from tabulate import tabulate
 
 from . import limits
+from .kernel import FIDELITIES, use_fidelity
 from .profiler import breakdown_table, path_table
 from .runtime import AllocationError, Runtime
 from .sim.commands import Dma
@@ -53,6 +55,8 @@ def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON object")
     p.add_argument("--topology", metavar="NAME|PATH", default=argparse.SUPPRESS, help="topology (default: ahbm)")
+    p.add_argument("--fidelity", choices=FIDELITIES, default=argparse.SUPPRESS,
+                   help="auto (default): steady rounds fast-forwarded; exact: every event simulated")
     return p
 
 
@@ -104,7 +108,8 @@ def main(argv=None) -> int:
         machine = _machine(args) if getattr(args, "needs_machine", True) else None
         if getattr(args, "trace", None) is not None:
             check_output(args.trace, "--trace", topology_inputs([machine.path]), "trace")
-        data, text = args.func(args, machine)
+        with use_fidelity(args.fidelity) if hasattr(args, "fidelity") else contextlib.nullcontext():
+            data, text = args.func(args, machine)
     except (*REPORTED, MemoryError, KeyboardInterrupt) as exc:
         return report(exc, "--json" in argv)
     try:

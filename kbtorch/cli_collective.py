@@ -158,6 +158,16 @@ def _candidates(d: dict) -> str:
     return ", ".join(f"{algo} {ns / 1000:.3f} us" for algo, ns in ranked)
 
 
+def _obtained(o: dict) -> str:
+    """How the figure was obtained (``kernel.steady.Obtained``), in one line."""
+    if o["method"] == "simulated":
+        return f"every event simulated (fidelity {o['fidelity']})"
+    return (f"fast-forward (fidelity {o['fidelity']}): {o['events_simulated']} events simulated in runs of "
+            f"{' and '.join(map(str, o['samples']))} rounds, {o['events_skipped']} skipped with "
+            f"{o['repeats_skipped']} steady rounds ({o['skipped_ps'] / 1e6:,.3f} us); claimed error "
+            f"<= {100 * o['error_bound']:.3f}%")
+
+
 def _collective_text(d: dict, asked: str) -> str:
     us = d["latency_ns"] / 1000
     head = (f"{d['collective']} of {fmt_bytes(d['bytes'])} {d['dtype']} over {d['members']} members, {d['algo']} "
@@ -173,7 +183,7 @@ def _collective_text(d: dict, asked: str) -> str:
         ("bound", f"{d['bound_ns']:,.1f} ns; the run reaches {d['pct_bound']:.1f}% of it"),
         ("startup bound", f"{d['startup_ns']:,.1f} ns"), ("bottleneck", d["bottleneck"]),
         ("analytic alpha-beta", f"{d['analytic_ns'] / 1000:.3f} us"),
-        ("events", f"{d['events']} in {d['wall_s']:.3f} s wall"),
+        ("events", f"{d['events']} in {d['wall_s']:.3f} s wall"), ("obtained", _obtained(d["obtained"])),
     ]
     if "allclose" in d:
         verdict = "yes" if d["allclose"] else "NO"

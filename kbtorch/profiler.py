@@ -8,11 +8,12 @@ are reported in ns. ``profile()`` listens to the ahbm device's stream
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from tabulate import tabulate
 
+from .kernel import use_fidelity
 from .ops.contract import tflops
 from .tensor.stream import listen
 from .topology.kinds import kind_name
@@ -185,9 +186,10 @@ class KeyAverages(list):
 
 
 @contextmanager
-def profile():
+def profile(fidelity: str | None = None):
     """Record every op on the ahbm device while the block runs, in this context only:
-    ``with kbtorch.profile() as prof``."""
+    ``with kbtorch.profile() as prof``; ``fidelity`` (``auto``, ``exact``; None: the one in
+    force) holds for the block (``kernel.use_fidelity``)."""
     prof = Profile()
-    with listen(prof.records):
+    with listen(prof.records), (use_fidelity(fidelity) if fidelity is not None else nullcontext()):
         yield prof
