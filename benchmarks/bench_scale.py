@@ -1,0 +1,167 @@
+"""Simulation at scale (issue 42): ``fidelity="auto"`` against ``"exact"``, side by side.
+
+- **validation**: every case run both ways in one process: latency error, the largest
+  difference in a component kind's share of the attribution (points), events and wall both
+  ways, and how auto obtained its figure (``kernel.steady.Obtained``). Targets: <= 0.5%
+  latency, <= 1 point of attribution, in every case.
+- **scale**: the issue's walls (x8 all-gather of 500 MiB per chip, best algorithm; a ring
+  all-gather of 1 GiB per member over a CUBE in fast mode), auto against exact.
+
+``--quick`` (under 3 minutes): the small half of the cases and no 500 MiB row. ``--json``
+prints one JSON object (progress goes to stderr).
+
+    python benchmarks/bench_scale.py [--quick] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+from tabulate import tabulate
+
+from kbtorch.kernel import use_fidelity
+from kbtorch.ops.attention import attention
+from kbtorch.ops.collective import KINDS, collective, concurrent_run
+from kbtorch.ops.gemm import gemm
+from kbtorch.ops.vector import elementwise
+from kbtorch.topology import load_machine
+
+KiB, MiB, GiB = 2**10, 2**20, 2**30
+X8 = "across:chip:4"
+
+
+def _coll(kind: str, machine: str, nbytes: int, **kw):
+    return lambda: collective(kind, machine=machine, nbytes=nbytes, dtype="bf16", **kw).result
+
+
+def cases(quick: bool) -> list:
+    """(name, heavy, run) of every validation case; ``run()`` gives a RunResult."""
+    out = []
+    for m in ("ahbm", "maia200"):
+        for shape in ((1024, 1024, 1024), (4096, 1024, 2048), (64, 4096, 4096)):
+            out.append((f"gemm {'x'.join(map(str, shape))} {m}", False,
+                        lambda m=m, shape=shape: gemm(shape=shape, dtype="bf16", machine=m).result))
+    out.append(("attention prefill 1x28x4x1024x1024x128 causal ahbm", False,
+                lambda: attention(shape=(1, 28, 4, 1024, 1024, 128), is_causal=True, machine="ahbm").result))
+    out.append(("attention decode 1x28x4x1x4096x128 ahbm", False,
+                lambda: attention(shape=(1, 28, 4, 1, 4096, 128), machine="ahbm").result))
+    out.append(("vector add 16M ahbm", False, lambda: elementwise("add", 16 * 2**20, machine="ahbm").result))
+    for kind in KINDS:
+        for nbytes in (1 * MiB, 16 * MiB, 64 * MiB):
+            out.append((f"{kind} {nbytes // MiB} MiB cube ahbm", nbytes > 16 * MiB,
+                        _coll(kind, "ahbm", nbytes, group="cube:0")))
+    for kind in KINDS:
+        for per in (1 * MiB, 16 * MiB, 64 * MiB):
+            out.append((f"{kind} {per // MiB} MiB/chip across maia200_x8", per > 1 * MiB,
+                        _coll(kind, "maia200_x8", per * 8 if kind in ("all_gather", "all_to_all") else per, group=X8)))
+    for kind, algo in (("all_gather", "ring"), ("reduce_scatter", "ring"), ("all_reduce", "ring")):
+        for nbytes, packet in ((8 * MiB, 4 * KiB), (64 * MiB, 64 * KiB)):
+            out.append((f"{kind} {algo} {nbytes // MiB} MiB packets {packet // KiB} KiB cube ahbm fast",
+                        nbytes > 8 * MiB, _coll(kind, "ahbm", nbytes, group="cube:0", algo=algo, mode="fast",
+                                                packet_bytes=packet)))
+    out.append(("2 concurrent all-reduces of 4 MiB (cubes 0, 1) ahbm", False,
+                lambda: concurrent_run([dict(kind="all_reduce", group=f"cube:{c}", nbytes=4 * MiB, algo="ring") for c in (0, 1)],
+                                       machine="ahbm")[0]))
+    return [c for c in out if not (quick and c[1])]
+
+
+def shares(result) -> dict:
+    bd = result.breakdown()
+    return {k: v / result.latency_ps for k, v in bd.items()}
+
+
+def side_by_side(run) -> dict:
+    """``run`` under both fidelities; the figures side by side."""
+    got = {}
+    for fid in ("exact", "auto"):
+        t0 = time.perf_counter()
+        with use_fidelity(fid):
+            r = run()
+        got[fid] = (r, time.perf_counter() - t0)
+    (e, we), (a, wa) = got["exact"], got["auto"]
+    se, sa = shares(e), shares(a)
+    o = a.obtained
+    return {"exact_ns": e.latency_ps / 1000, "auto_ns": a.latency_ps / 1000,
+            "err_pct": 100 * (a.latency_ps - e.latency_ps) / e.latency_ps,
+            "share_pts": 100 * max(abs(sa.get(k, 0) - se.get(k, 0)) for k in set(sa) | set(se)),
+            "events_exact": e.events, "events_auto_simulated": o.events_simulated, "wall_exact_s": we,
+            "wall_auto_s": wa, "method": o.method, "claimed_pct": 100 * o.error_bound}
+
+
+def validation(quick: bool, say) -> list:
+    rows = []
+    for name, _, run in cases(quick):
+        rows.append(dict(side_by_side(run), case=name))
+        r = rows[-1]
+        say(f"  {name}: {r['err_pct']:+.4f}% {r['share_pts']:.3f} pts {r['method']} "
+            f"({r['wall_exact_s']:.1f} s / {r['wall_auto_s']:.1f} s)")
+    return rows
+
+
+def scale(quick: bool, say) -> list:
+    x8 = load_machine("maia200_x8")
+    big = [("all-gather ring 1 GiB per member, cube, fast, 256 KiB packets",
+            _coll("all_gather", "ahbm", GiB, group="cube:0", algo="ring", mode="fast", packet_bytes=256 * KiB))]
+    if not quick:
+        big.append(("maia200_x8 all-gather 500 MiB per chip, hier (the best)",
+                    _coll("all_gather", x8, 500 * MiB * 8, group=X8, algo="hier")))
+    rows = []
+    for name, run in big:
+        rows.append(dict(side_by_side(run), case=name))
+        say(f"  {name}: exact {rows[-1]['wall_exact_s']:.1f} s, auto {rows[-1]['wall_auto_s']:.1f} s "
+            f"({rows[-1]['method']}, {rows[-1]['err_pct']:+.4f}%)")
+    return rows
+
+
+def table(rows: list) -> str:
+    return tabulate([(r["case"], f"{r['exact_ns']:,.1f}", f"{r['err_pct']:+.4f}", f"{r['share_pts']:.3f}",
+                      r["events_exact"], r["events_auto_simulated"], f"{r['wall_exact_s']:.2f}",
+                      f"{r['wall_auto_s']:.2f}", r["method"], f"{r['claimed_pct']:.3f}") for r in rows],
+                    headers=("case", "exact ns", "auto err %", "share pts", "events exact", "events auto",
+                             "wall exact s", "wall auto s", "auto method", "claimed %"), disable_numparse=True)
+
+
+def targets(val: list, big: list) -> list:
+    worst_err = max(abs(r["err_pct"]) for r in val)
+    worst_share = max(r["share_pts"] for r in val)
+    out = [{"target": f"validation: {len(val)} cases, every one <= 0.5% latency", "measured": f"worst {worst_err:.4f}%",
+            "pass": worst_err <= 0.5},
+           {"target": "validation: every case <= 1 point of attribution", "measured": f"worst {worst_share:.3f} pts",
+            "pass": worst_share <= 1.0}]
+    for r in big:
+        out.append({"target": f"{r['case']}: auto >= 2x faster than exact, within 0.5%",
+                    "measured": f"{r['wall_exact_s']:.1f} s -> {r['wall_auto_s']:.1f} s ({r['method']}), "
+                                f"{r['err_pct']:+.4f}%",
+                    "pass": r["wall_auto_s"] * 2 <= r["wall_exact_s"] and abs(r["err_pct"]) <= 0.5})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the small cases only, no 500 MiB row (under 3 minutes)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (progress on stderr)")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    out = sys.stderr if args.json else sys.stdout
+    say = lambda s: print(s, file=out, flush=True)        # noqa: E731
+    say("validation: auto against exact")
+    val = validation(args.quick, say)
+    say("scale")
+    big = scale(args.quick, say)
+    tg = targets(val, big)
+    if args.json:
+        print(json.dumps({"validation": val, "scale": big, "targets": tg, "wall_s": time.perf_counter() - t0,
+                          "python": platform.python_version(), "quick": args.quick}))
+        return 0
+    print("\n" + table(val) + "\n\n" + table(big))
+    print("\ntargets\n" + tabulate([(t["target"], t["measured"], "PASS" if t["pass"] else "FAIL") for t in tg],
+                                   headers=("target", "measured", ""), disable_numparse=True))
+    print(f"\n{time.perf_counter() - t0:.0f} s on {platform.python_implementation()} {platform.python_version()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
