@@ -21,9 +21,7 @@ from . import limits
 from .kernel import FIDELITIES, use_fidelity
 from .profiler import breakdown_table, path_table
 from .runtime import AllocationError, Runtime
-from .sim.commands import Dma
-from .sim.simulator import Simulator
-from .sim.traffic import PATTERNS, pattern_messages, pattern_pairs
+from .kernel.door import PATTERNS, Dma, pattern_messages, pattern_pairs, simulator
 from .topology.machine import load_machine
 from .topology.select import current_machine
 from .cli_common import (_byte_count, _nonneg_int, _pe_arg, _pes_arg, _positive_int, _run_info, _write_trace,
@@ -275,7 +273,8 @@ def _cmd_traffic(args, machine):
     limits.check("flits", args.messages * -(-args.bytes // machine.flit_bytes), "arguments --messages x --bytes")
     msgs = pattern_messages(machine, args.pattern, args.messages, args.bytes, args.seed)
     pairs = pattern_pairs(args.pattern, len(machine.pes), args.messages, args.seed)
-    result = Simulator(machine, mode=mode, trace=bool(args.trace)).run_messages(msgs)
+    with simulator(machine, mode=mode, trace=bool(args.trace)) as sim:
+        result = sim.run_messages(msgs)
     _write_trace(args, result)
     finishes = [t / 1000 for t in result.finishes]
     data = {"topology": machine.name, "pattern": args.pattern, "bytes": args.bytes, "seed": args.seed,

@@ -98,6 +98,9 @@ INNER = {
 #: Groups that import the rest of kbtorch through the public API (``kbtorch``) only, and the
 #: groups named beside them.
 PUBLIC_ONLY = {"models": (), "serve": ("models",)}
+#: The groups that import ``kbtorch.sim`` itself; every layer above reaches it through
+#: ``kbtorch.kernel.door`` (issue 42: one door to the simulator).
+BEHIND_DOOR = ("sim", "runtime", "kernel")
 
 
 #: A string constant read as an import: ``package.module`` or ``module:function`` under one of
@@ -225,7 +228,10 @@ def violations(graph: dict) -> list:
             theirs = _layer(m)
             if theirs is None and how == "import":
                 continue
-            if mine[1] in PUBLIC_ONLY and theirs is not None and theirs[1] not in (mine[1], "api", *PUBLIC_ONLY[mine[1]]):
+            if theirs is not None and theirs[1] == "sim" and mine[1] not in BEHIND_DOOR:
+                out.append(f"{me} ({mine[1]}) imports {m}: above the kernel, the simulator is reached through "
+                           f"kbtorch.kernel.door only")
+            elif mine[1] in PUBLIC_ONLY and theirs is not None and theirs[1] not in (mine[1], "api", *PUBLIC_ONLY[mine[1]]):
                 also = "".join(f" and {g}" for g in PUBLIC_ONLY[mine[1]])
                 out.append(f"{me} ({mine[1]}) imports {m}: {mine[1]} use the public API (kbtorch){also} only")
             elif inner and theirs == mine:
@@ -386,3 +392,16 @@ def test_a_planted_back_import_inside_the_collective_package_fails(tmp_path):
         "kbtorch.ops.collective.choice (ops.collective: choice, rank 6)"], found
     assert _cycle(graph) == ["kbtorch.ops.collective.choice", "kbtorch.ops.collective.request",
                              "kbtorch.ops.collective.choice"]
+
+
+def test_a_planted_import_of_the_simulator_past_the_door_fails(tmp_path):
+    """ops and tensor reach sim/ through kbtorch.kernel.door only; runtime and kernel may."""
+    graph = _plant(tmp_path, {
+        "kbtorch/__init__.py": "", "kbtorch/sim/__init__.py": "", "kbtorch/sim/engine.py": "",
+        "kbtorch/runtime/__init__.py": "", "kbtorch/runtime/r.py": "from ..sim import engine\n",
+        "kbtorch/kernel/__init__.py": "", "kbtorch/kernel/door.py": "from ..sim.engine import x\n",
+        "kbtorch/ops/__init__.py": "", "kbtorch/ops/contract.py": "from ..kernel.door import x\n",
+        "kbtorch/tensor/__init__.py": "", "kbtorch/tensor/stream.py": "def f():\n    from ..sim.engine import x\n"})
+    found = [v for v in violations(graph) if "door" in v]
+    assert found == [f"kbtorch.tensor.stream (tensor) imports {m}: above the kernel, the simulator is reached "
+                     "through kbtorch.kernel.door only" for m in ("kbtorch.sim", "kbtorch.sim.engine")], found

@@ -27,7 +27,8 @@ from ..sim import symmetry
 from ..sim.commands import Composite, Compute, Dma, Fetch, Loc, Multicast, Send, Signal, Store, Wait
 from ..sim.components.dma import data_path
 from ..sim.multicast import MulticastError, can_multicast, check, tree
-from ..sim.simulator import RunResult, Simulator
+from ..sim.simulator import RunResult
+from .door import simulator
 from . import steady
 
 def _waits(items) -> tuple:
@@ -256,13 +257,12 @@ def run_programs(programs: dict, machine, *, mode="fast", trace: bool = False,
     runs them again, beside other kernels', in one simulation (``kbtorch.tensor.graph.join``)."""
     if not (not trace if symmetric is None else symmetric):
         mode = mode(programs) if callable(mode) else mode
-        sim = Simulator(machine, mode=mode, trace=trace)
-        result = sim.run(programs)
+        with simulator(machine, mode=mode, trace=trace) as sim:
+            result = sim.run(programs)
     else:
         red = reduction or symmetry.reduce(machine, programs)
         mode = mode(red.programs) if callable(mode) else mode
-        sim = Simulator(machine, mode=mode, trace=trace, weight=red.weight)
-        result = red.expand(sim.run(red.programs), machine)
-    sim.release()
+        with simulator(machine, mode=mode, trace=trace, weight=red.weight) as sim:
+            result = red.expand(sim.run(red.programs), machine)
     result.programs = programs
     return steady.simulated(result, steady.check(None))

@@ -42,7 +42,7 @@ partial. TCM buffers are whole granules of the TCM, HBM regions whole pages (``l
 """
 from __future__ import annotations
 
-from ..sim.commands import Loc, Move, Signal, Wait
+from ..kernel.door import Loc, Move, Signal, Wait
 from .attention_plan import AttentionShape, Work
 from .layout import ACC_BYTES, page_align, tcm_align
 

@@ -15,8 +15,7 @@ from typing import Callable
 
 import torch
 
-from ..sim.resources import resource_ps
-from ..sim.simulator import RunResult
+from ..kernel.door import RunResult, resource_ps
 from ..topology import as_machine
 
 __all__ = ["DType", "DTYPES", "dtype_of", "check_pes", "as_machine", "memory_bytes", "bottleneck", "tflops", "sim_mode", "OpRun",

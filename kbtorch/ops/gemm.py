@@ -16,7 +16,7 @@ import torch
 
 from .. import limits
 from ..kernel import build, run_programs
-from ..sim.simulator import RunResult
+from ..kernel.door import RunResult
 from .contract import (DTYPES, OpFamily, OpRun, Param, Sample, as_machine, check_pes, dtype_of, register, sim_mode,
                        tflops)
 from .gemm_kernel import gemm_kernel

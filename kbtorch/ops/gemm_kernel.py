@@ -13,7 +13,7 @@ sums them on its MATH engine and writes C.
 """
 from __future__ import annotations
 
-from ..sim.commands import Move, Share, Wait
+from ..kernel.door import Move, Share, Wait
 from .contract import DTYPES
 from .gemm_plan import Block, GemmTiling, output_tiles, steps
 from .layout import ACC_BYTES

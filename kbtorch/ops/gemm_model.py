@@ -17,8 +17,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ..sim.components.dma import data_path
-from ..sim.multicast import MulticastError, can_multicast, tree
+from ..kernel.door import MulticastError, can_multicast, data_path, tree
 from .contract import DTYPES
 from .gemm_plan import GemmTiling, gangs, plan
 from .layout import ACC_BYTES, tcm_budget

@@ -14,7 +14,7 @@ from functools import partial
 
 from .. import limits
 from ..kernel import build, run_programs
-from ..sim.commands import Move
+from ..kernel.door import Move
 from .contract import DTYPES, OpFamily, OpRun, Param, Sample, as_machine, check_pes, dtype_of, register, sim_mode
 from .layout import page_align
 

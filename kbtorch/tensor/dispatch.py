@@ -16,7 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..sim.engine import paused_gc
+from ..kernel.door import paused_gc
 from .placement.spec import Spec, default_spec
 from .stream import CAPTURE, record_run
 

@@ -18,7 +18,7 @@ from functools import partial
 
 import torch
 
-from ...sim.network import MODES
+from ...kernel.door import MODES
 from ..contract import DTYPES, OpFamily, Param, Sample, as_machine, register
 from .algorithms import ALGOS, LINE_ALGOS
 from .choice import estimates

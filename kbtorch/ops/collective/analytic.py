@@ -33,9 +33,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ...sim.components.dma import data_path, data_paths
-from ...sim.multicast import tree
-from ...sim.resources import resource_ps, spread  # noqa: F401 (resource_ps: part of this module's models)
+from ...kernel.door import data_path, data_paths, resource_ps, spread, tree  # noqa: F401 (resource_ps: one of its models)
 from .kernel_layout import sprayed_reductions
 from .multicast import tree_ok
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from ...sim.commands import Move, Signal, Wait
+from ...kernel.door import Move, Signal, Wait
 from .kernel_layout import KernelLayout
 from .multicast import multicast_copies, tree_ok
 

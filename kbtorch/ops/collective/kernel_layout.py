@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ...kernel import contexts
 from ...runtime.allocator import AllocationError
-from ...sim.commands import Loc
+from ...kernel.door import Loc
 from ..layout import page_align, tcm_budget, tcm_granule
 from .request import CollectiveError
 from .steps import Schedule

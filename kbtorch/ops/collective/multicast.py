@@ -5,8 +5,7 @@ HBM to the receivers' HBMs, splits only at multicast routers (a machine with
 ``multicast_nodes``)."""
 from __future__ import annotations
 
-from ...sim.components.dma import data_path
-from ...sim.multicast import MulticastError, can_multicast, tree
+from ...kernel.door import MulticastError, can_multicast, data_path, tree
 
 
 def multicast_copies(machine, pes: tuple, sends: list, log: set | None = None) -> list:

@@ -18,8 +18,7 @@ lines: a line where one of the groupings the kernel asked would come out otherwi
 """
 from __future__ import annotations
 
-from ...sim.commands import Composite, Compute, Dma, Fetch, Loc, Move, Multicast, Send, Share, Store
-from ...sim.symmetry import hardware
+from ...kernel.door import Composite, Compute, Dma, Fetch, Loc, Move, Multicast, Send, Share, Store, hardware
 
 
 def _node(machine, node: str) -> tuple:

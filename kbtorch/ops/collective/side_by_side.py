@@ -4,7 +4,7 @@ redistributions over every line of a mesh), sharing links, HBM controllers and r
 from __future__ import annotations
 
 from ...kernel import run_programs
-from ...sim import symmetry
+from ...kernel.door import symmetry
 from ..contract import DTYPES, as_machine
 from . import analytic
 from . import rename

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from ...kernel import fast_forward, run_programs
 from ...kernel import steady
-from ...sim.engine import paused_gc
-from ...sim.network import MODES
+from ...kernel.door import MODES, paused_gc
 from ... import limits
 from ..contract import OpRun, as_machine, dtype_of
 from ..layout import page_align

@@ -34,7 +34,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ...ops.contract import bottleneck, memory_bytes
-from ...sim.engine import paused_gc
+from ...kernel.door import paused_gc
 from ...topology import current_machine
 from ...topology.select import as_machine
 from ...topology.kinds import kind_name

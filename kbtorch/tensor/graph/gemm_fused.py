@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ...kernel.api import contexts
 from ...ops.vector import TILE_BYTES
-from ...sim.commands import Compute, Move, Signal, Wait
+from ...kernel.door import Compute, Move, Signal, Wait
 
 
 def prologue(programs: dict, vecs: list) -> dict:

@@ -26,9 +26,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, replace
 
-from ...sim import symmetry
-from ...sim.commands import Composite, Fetch, Send, Signal, Wait
-from ...sim.simulator import Simulator
+from ...kernel.door import Composite, Fetch, Send, Signal, Wait, simulator, symmetry
 
 COMPUTE = ("gemm", "math")
 
@@ -249,15 +247,14 @@ def simulate(kernels: list, deps: list, machine, mode: str = "auto", late: list 
     if mode == "auto":
         mode = "coarse" if commands > COARSE_COMMANDS else "fast"
     red = symmetry.reduce(machine, programs)
-    sim = Simulator(machine, mode=mode, weight=red.weight)
-    result = red.expand(sim.run(red.programs), machine)
-    result.programs = programs
     finish = []
-    for k in range(len(kernels)):
-        times = [sim.pe(pe).sem_chain[f"{k}.done"][0] for pe in red.programs
-                 if f"{k}.done" in sim.pe(pe).sem_chain]
-        finish.append(max(times, default=0))
-    sim.release()
+    with simulator(machine, mode=mode, weight=red.weight) as sim:
+        result = red.expand(sim.run(red.programs), machine)
+        for k in range(len(kernels)):
+            times = [sim.pe(pe).sem_chain[f"{k}.done"][0] for pe in red.programs
+                     if f"{k}.done" in sim.pe(pe).sem_chain]
+            finish.append(max(times, default=0))
+    result.programs = programs
     first = min((machine.launch_ps(pe) for pe in programs), default=0)
     ready = [max((finish[d] for d in deps[k]), default=first) for k in range(len(kernels))]
     return Scheduled(result, tuple(ready), tuple(finish), commands)

@@ -25,7 +25,7 @@ from functools import lru_cache
 
 from ...kernel import run_programs
 from ...ops.vector import pass_mode
-from ...sim.commands import Fetch, Send, Signal, Wait
+from ...kernel.door import Fetch, Send, Signal, Wait
 from . import fusion
 from ... import state
 
