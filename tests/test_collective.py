@@ -8,9 +8,8 @@ import zlib
 import pytest
 import torch
 
-import kbtorch.ops.collective.build as build_module
+from kbtorch.kernel import policy
 import kbtorch.ops.collective.choice as choice_module
-import kbtorch.ops.contract as contract
 from kbtorch.ops.collective import ALGOS, BUS_FACTOR, KINDS, CollectiveError, Request, collective, torch_reference
 from kbtorch.ops.collective.groups import make_grid, resolve_group
 from kbtorch.ops.collective.schedules import schedule
@@ -313,7 +312,7 @@ def test_auto_mode_runs_coarse_above_the_kernels_command_count(ahbm, monkeypatch
     kernel is above it); an explicit mode is kept."""
     kw = dict(group="cube", nbytes=4 << 10, algo="ring", machine=ahbm)
     assert collective("all_reduce", **kw).mode == "fast"
-    monkeypatch.setattr(build_module, "COARSE_COMMANDS", 0)
+    monkeypatch.setattr(policy, "COARSE_COMMANDS", 0)
     assert collective("all_reduce", **kw).mode == "coarse"
     assert collective("all_reduce", mode="fast", **kw).mode == "fast"
 
@@ -322,9 +321,9 @@ def test_auto_mode_runs_coarse_above_the_kernels_flit_crossings(ahbm, monkeypatc
     """``mode="auto"``: coarse above ``COARSE_FLIT_HOPS`` link crossings of the kernel's
     traffic (a 4 KiB ring over a CUBE crosses about a thousand)."""
     kw = dict(group="cube", nbytes=4 << 10, algo="ring", machine=ahbm)
-    monkeypatch.setattr(contract, "COARSE_FLIT_HOPS", 10_000)
+    monkeypatch.setattr(policy, "COARSE_FLIT_HOPS", 10_000)
     assert collective("all_reduce", **kw).mode == "fast"
-    monkeypatch.setattr(contract, "COARSE_FLIT_HOPS", 10)
+    monkeypatch.setattr(policy, "COARSE_FLIT_HOPS", 10)
     assert collective("all_reduce", **kw).mode == "coarse"
 
 

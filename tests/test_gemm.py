@@ -114,13 +114,13 @@ def test_auto_tiling_simulates_each_confirmed_candidate_once(tiny, monkeypatch):
 def test_auto_mode_runs_coarse_above_the_gemms_flit_crossings(tiny, monkeypatch):
     """``mode="auto"`` (the device's GEMMs): coarse above ``COARSE_FLIT_HOPS`` link crossings
     of the kernel's traffic, else fast."""
-    import kbtorch.ops.contract as contract
+    from kbtorch.kernel import policy
     tiling = GemmTiling((2, 2, 1), (32, 32, 32))
     fast, coarse = (gemm(shape=(64, 128, 256), tiling=tiling, machine=tiny, mode=m).result.latency_ps
                     for m in ("fast", "coarse"))
     assert fast != coarse
     assert gemm(shape=(64, 128, 256), tiling=tiling, machine=tiny, mode="auto").result.latency_ps == fast
-    monkeypatch.setattr(contract, "COARSE_FLIT_HOPS", 0)
+    monkeypatch.setattr(policy, "COARSE_FLIT_HOPS", 0)
     assert gemm(shape=(64, 128, 256), tiling=tiling, machine=tiny, mode="auto").result.latency_ps == coarse
 
 

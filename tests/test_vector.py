@@ -2,7 +2,7 @@
 counts the traffic it simulates)."""
 import pytest
 
-import kbtorch.ops.contract as contract
+from kbtorch.kernel import policy
 from kbtorch.kernel import build
 from kbtorch.ops.vector import elementwise, elementwise_kernel, pass_mode, share
 from kbtorch.sim import symmetry
@@ -15,7 +15,7 @@ def test_auto_counts_the_symmetry_reduced_traffic(ahbm):
     n = 2048 * 18944 * 3
     programs = build(elementwise_kernel, range(256), ahbm, "silu", n, 2, 2, "bf16", ahbm.math_flops("silu", 0), 1.0)
     simulated = symmetry.reduce(ahbm, programs).programs        # what ``run_programs`` gives the mode
-    assert contract.sim_mode("auto", ahbm, programs) == "coarse"
+    assert policy.sim_mode("auto", ahbm, programs) == "coarse"
     assert pass_mode("auto", ahbm)(simulated) == "fast"
     assert pass_mode("coarse", ahbm) == "coarse"
 
@@ -26,7 +26,7 @@ def test_auto_is_coarse_above_the_crossings_and_coarse_equals_fast_on_maia200(mo
                           for m in ("fast", "coarse", "auto"))
     assert auto.result.events == fast.result.events > 10 * coarse.result.events
     assert coarse.result.latency_ps == fast.result.latency_ps
-    monkeypatch.setattr(contract, "COARSE_FLIT_HOPS", 0)
+    monkeypatch.setattr(policy, "COARSE_FLIT_HOPS", 0)
     again = elementwise("add", 2048 * 8192, dtype="bf16", machine=maia, mode="auto")
     assert again.result.events == coarse.result.events
 

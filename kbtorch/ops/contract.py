@@ -16,36 +16,13 @@ from typing import Callable
 import torch
 
 from ..kernel.door import RunResult, resource_ps
+from ..kernel.policy import sim_mode
 from ..topology import as_machine
 
 __all__ = ["DType", "DTYPES", "dtype_of", "check_pes", "as_machine", "memory_bytes", "bottleneck", "tflops", "sim_mode", "OpRun",
            "Param", "Sample", "OpFamily", "register", "family", "families"]
 
 
-#: Above this many flit crossings of links by a kernel's own traffic (its busy time per link
-#: over that link's flit time, ``sim.resources.resource_ps``), ``mode="auto"`` runs coarse.
-# NOTE: fast mode's events follow the flits it moves hop by hop (about one event per 4 to 5
-# crossings): the grid-order 2d reduce-scatter of 896 KiB over 256 PEs crosses 11.8 M
-# (2.5 M events, 13-17 s fast; coarse 3.4 s, -1.9%), its all-gather 4.0 M (1.1 M events,
-# 7-8 s), a 7 KiB all-reduce 0.19 M (2 s). 8 M is where a fast run passes about 10 s. A
-# GEMM's trains stream whole tiles, so coarse is closer still: maia200 2048 x 3584 x 8192
-# over 36 tiles (25.4 M crossings) 1.55 M events and 14 s fast, 21 k and 0.7 s coarse,
-# +0.05%; AHBM 2048 x 18944 x 3584 (41 M) -0.11%; below the limit, maia200 16 x 3584 x
-# 8192 +0.31%, AHBM 128 x 18944 x 3584 -0.04% (both stay fast).
-COARSE_FLIT_HOPS = 8_000_000
-
-
-def sim_mode(mode: str, machine, programs: dict, busy: dict | None = None, big: bool = False) -> str:
-    """The simulation mode of a kernel's built ``programs`` under ``mode="auto"``: coarse when
-    ``big`` (a family's own reason) or its traffic crosses links more than
-    ``COARSE_FLIT_HOPS`` times (``busy``: its resource load, computed when not given), else
-    fast; an explicit mode as given."""
-    if mode != "auto":
-        return mode
-    busy = resource_ps(machine, programs) if busy is None else busy
-    edges = machine.graph.edges
-    hops = sum(ps // edges[r]["flit_ps"] for r, ps in busy.items() if isinstance(r, tuple))
-    return "coarse" if big or hops > COARSE_FLIT_HOPS else "fast"
 
 
 @dataclass(frozen=True)

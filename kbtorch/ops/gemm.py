@@ -55,7 +55,7 @@ class GemmRun(OpRun):
 def simulate(machine, m, n, k, dtype, pes, tiling, composite=True, mode="fast", trace=False,
              out_dtype=None) -> RunResult:
     """The timing pass alone (``mode="auto"``: coarse or fast by the built programs' link
-    load, ``contract.sim_mode``)."""
+    load, ``kernel.policy.sim_mode``)."""
     used = pes[: tiling.grid[0] * tiling.grid[1] * tiling.grid[2]]
     blocks = plan(m, n, k, used, tiling)
     gangs = multicast_gangs(machine, blocks, tiling) if composite else {}

@@ -68,7 +68,7 @@ def elementwise(op: str, n: int, *, inputs: int = 2, dtype: str = "f16", elem_by
 def pass_mode(mode: str, machine):
     """The simulation mode of a pass: ``mode`` as given, or under ``mode="auto"`` a function
     of the programs the simulation runs (one unit per class of symmetric units,
-    ``kernel.run_programs``) giving their ``contract.sim_mode``.
+    ``kernel.run_programs``) giving their ``kernel.policy.sim_mode``.
 
     NOTE: a pass's coarse run streams whole tiles: equal to fast on maia200 (a replicated
     RMSNorm over 288 PEs of maia200_x8, 346.187 us both, 1.76 M events -> 46 k), a constant

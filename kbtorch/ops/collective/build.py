@@ -1,11 +1,9 @@
 """A collective's kernel built: for one group (``build``) or for every line of a collective
-across units (``build_lines``), with the models the choice and the report need (``Built``),
-and the simulation mode of ``mode="auto"`` (``pick_mode``)."""
+across units (``build_lines``), with the models the choice and the report need (``Built``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..contract import sim_mode
 from . import analytic
 from . import rename
 from .groups import make_grid
@@ -17,19 +15,6 @@ from .steps import Schedule
 
 #: Kinds whose per-member buffer is one block per member (a line's share is per block).
 BLOCKED = ("all_gather", "reduce_scatter", "all_to_all")
-#: Above this many bytes moved in all (nbytes x members x 3), ``mode="auto"`` runs coarse.
-COARSE_BYTES = 4 * 2**30
-#: Above this many commands in the built kernel (all members' programs), ``mode="auto"``
-#: runs coarse.
-# NOTE: the fast mode's wall time grows with the kernel's commands as well as its bytes:
-# in torch's rank order (``order="rank"``, one packet per strided block) a 2d all-gather
-# of 65 280 commands over 256 PEs takes 13 to 32 s, a 2d reduce-scatter of 185 344
-# commands 56 to 82 s (coarse: within 3% of their latencies, 1.5x to 3x faster; the same
-# reduce-scatter in grid order has 10 312 commands and takes 14 s fast),
-# a hierarchical all-reduce of 7 KiB (3 072 commands) 2 s. 50 000 commands is where a
-# fast run reaches tens of seconds; small all-reduces stay well below it (and fast: coarse
-# is up to 7% off on them), as does a 1 KiB ring over one SIP (47 616).
-COARSE_COMMANDS = 50_000
 
 
 @dataclass(frozen=True)
@@ -98,12 +83,3 @@ def build_lines(req: Request, lines: list, sizes: list) -> Built:
         startup = max(startup, st)
     return Built(sched, tuple(grids), tuple(kernels), programs, analytic.resource_ps(machine, programs), startup)
 
-
-def pick_mode(mode: str, machine, moved: int, programs: dict, busy: dict) -> str:
-    """The simulation mode of ``mode="auto"``: coarse when the collective moves more than
-    ``COARSE_BYTES`` in all (``moved``: nbytes x members, times 3), its kernel has more than
-    ``COARSE_COMMANDS`` commands or its traffic crosses links more than
-    ``contract.COARSE_FLIT_HOPS`` times (``busy``: its resource load, ``sim_mode``), else
-    fast; an explicit mode as given."""
-    big = 3 * moved > COARSE_BYTES or sum(len(c) for c in programs.values()) > COARSE_COMMANDS
-    return sim_mode(mode, machine, programs, busy, big)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from ...kernel import run_programs
 from ...kernel.door import symmetry
+from ...kernel.policy import collective_mode
 from ..contract import DTYPES, as_machine
 from . import analytic
 from . import rename
-from .build import Built, pick_mode
+from .build import Built
 from .choice import choose
 from .groups import make_grid, resolve_group
 from .kernel import CollectiveKernel
@@ -32,7 +33,7 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast", built: Buil
 
     ``specs``: dicts with ``kind``, ``group``, ``nbytes`` and optionally ``algo`` (not
     ``auto``), ``op``, ``dtype``, ``packet_bytes``. ``mode="auto"``: coarse when all of them
-    together are past one collective's thresholds (``build.pick_mode``), else fast. The groups must not share a PE (each
+    together are past one collective's thresholds (``kernel.policy.collective_mode``), else fast. The groups must not share a PE (each
     PE's semaphores and buffers belong to one collective); they may share links, HBM
     controllers and routers, and then share their bandwidth. ``built``: the first spec's
     kernel already built (``line_algo``'s choice), taken as it is."""
@@ -82,10 +83,10 @@ def _key(spec: dict) -> tuple:
 
 
 def _auto_mode(machine, nbytes: int, programs: dict, busy: dict | None = None) -> str:
-    """One collective's ``mode="auto"`` (``build.pick_mode``) over all the groups' bytes,
+    """One collective's ``mode="auto"`` (``kernel.policy.collective_mode``) over all the groups' bytes,
     commands and link crossings together (``busy``: their resource load, if known)."""
     busy = analytic.resource_ps(machine, programs) if busy is None else busy
-    return pick_mode("auto", machine, nbytes, programs, busy)
+    return collective_mode("auto", machine, nbytes, programs, busy)
 
 
 def _kernel(machine, i: int, spec: dict, grid) -> CollectiveKernel:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from ...kernel import fast_forward, run_programs
 from ...kernel import steady
+from ...kernel.policy import collective_mode
 from ...kernel.door import MODES, paused_gc
 from ... import limits
 from ..contract import OpRun, as_machine, dtype_of
@@ -23,7 +24,7 @@ from ..layout import page_align
 from . import analytic
 from . import units
 from .algorithms import ALGOS
-from .build import build, build_lines, pick_mode
+from .build import build, build_lines
 from .choice import choose
 from .groups import make_grid, resolve_group
 from .request import KINDS, OPS, ORDERS, CollectiveError, Request
@@ -168,7 +169,7 @@ def _one_group(req: Request) -> CollectiveRun:
     pes, nbytes, dtype = checked(req)
     req = replace(req, nbytes=nbytes, dtype=dtype)
     req, built, cands = _built(req, [pes], None, f"{len(pes)} members")
-    mode = pick_mode(req.mode, req.machine, nbytes * len(pes), built.programs, built.busy)
+    mode = collective_mode(req.mode, req.machine, nbytes * len(pes), built.programs, built.busy)
     grid = built.grids[0]
     result = _simulated(req, built, mode, lambda r: build(r, grid))
     outputs = None
@@ -193,7 +194,7 @@ def _across(req: Request) -> CollectiveRun:
     level, lines, sizes = units.lines_of(req)
     req, built, cands = _built(req, lines, sizes, f"{n} {level}s")
     pes = tuple(p for line in lines for p in line)
-    mode = pick_mode(req.mode, machine, nbytes * len(pes), built.programs, built.busy)
+    mode = collective_mode(req.mode, machine, nbytes * len(pes), built.programs, built.busy)
     result = _simulated(req, built, mode, lambda r: build_lines(r, lines, sizes))
     outputs = units.numerics(req, lines, sizes) if req.shards is not None else None
     return _report(req, pes, built, result, mode, cands, outputs, n_units=n)

@@ -27,6 +27,7 @@ import copy
 from dataclasses import dataclass, replace
 
 from ...kernel.door import Composite, Fetch, Send, Signal, Wait, simulator, symmetry
+from ...kernel.policy import graph_mode
 
 COMPUTE = ("gemm", "math")
 
@@ -171,9 +172,6 @@ def build(kernels: list, deps: list, machine, late: list | None = None) -> tuple
     return programs, sum(len(v) for v in programs.values())
 
 
-#: Above this many joined commands, ``mode="auto"`` simulates coarse (trains of up to 4096
-#: flits): a Qwen2.5-7B decode layer (22 k commands) runs 3.6x faster, 1% off fast.
-COARSE_COMMANDS = 5000
 
 
 #: PEs each PE tells that a kernel is done, in a relay tree.
@@ -244,8 +242,7 @@ def simulate(kernels: list, deps: list, machine, mode: str = "auto", late: list 
             return Scheduled(run.result, tuple(run.ready_ps[i] for i in back), tuple(run.finish_ps[i] for i in back),
                              run.commands)
     programs, commands = build(kernels, deps, machine, late)
-    if mode == "auto":
-        mode = "coarse" if commands > COARSE_COMMANDS else "fast"
+    mode = graph_mode(mode, commands)
     red = symmetry.reduce(machine, programs)
     finish = []
     with simulator(machine, mode=mode, weight=red.weight) as sim:

@@ -41,7 +41,7 @@ def _gemm(machine, m: int, n: int, k: int, dtype: str, slices: str | None = None
     """The GEMM on all PEs (``fit``: or on as many as a small shape can use), or with
     ``slices`` ("n", "k") every PE of ``pes`` multiplying its own slice of the operands
     from its HBM; simulated coarse when its traffic is large (``mode="auto"``,
-    ``ops.contract.sim_mode``: a prefill GEMM on a 36-tile maia200 chip within 0.05% of fast,
+    ``kernel.policy.sim_mode``: a prefill GEMM on a 36-tile maia200 chip within 0.05% of fast,
     20 x faster), else fast."""
     try:
         return gemm(shape=(m, n, k), dtype=dtype, machine=machine, pes=pes, slices=slices, fit=slices is None,
