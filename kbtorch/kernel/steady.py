@@ -98,13 +98,14 @@ def fast_forward(run_at, total: int, fidelity: str = "auto"):
     runs: dict = {}
     q = START
     while sum(runs) + q + (q // 2 if q // 2 not in runs else 0) <= COST * total:
-        for n in (q // 2, q):
-            if n not in runs:
-                runs[n] = run_at(n)
+        runs[q] = run_at(q)
         got = _steady(runs[q], q, total)
         if got is None:
             return None
         if got[2] <= BOUND * got[1]:
+            # NOTE: the run of q // 2 rounds (for the counters' growth) only once q is steady.
+            if q // 2 not in runs:
+                runs[q // 2] = run_at(q // 2)
             return _advanced(runs[q // 2], runs[q], q, total, got, list(runs.values()), fidelity)
         q *= 2
     return None
