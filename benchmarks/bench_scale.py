@@ -65,6 +65,9 @@ def cases(quick: bool) -> list:
     out.append(("2 concurrent all-reduces of 4 MiB (cubes 0, 1) ahbm", False,
                 lambda: concurrent_run([dict(kind="all_reduce", group=f"cube:{c}", nbytes=4 * MiB, algo="ring") for c in (0, 1)],
                                        machine="ahbm")[0]))
+    ag = dict(kind="all_gather", nbytes=8 * MiB, algo="ring", packet_bytes=4 * KiB)
+    out.append(("2 concurrent ring all-gathers of 8 MiB, 4 KiB packets (cubes 0, 1) ahbm fast", False,
+                lambda: concurrent_run([dict(ag, group=f"cube:{c}") for c in (0, 1)], machine="ahbm", mode="fast")[0]))
     return [c for c in out if not (quick and c[1])]
 
 

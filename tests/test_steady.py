@@ -84,3 +84,14 @@ def test_fidelity_in_force_and_bad_names():
         collective("all_gather", fidelity="fast", **CASE)
     with pytest.raises(ValueError, match="unknown fidelity"):
         use_fidelity("none")
+
+
+def test_groups_side_by_side_alike_are_fast_forwarded_together_unlike_are_not():
+    from kbtorch.ops.collective import concurrent_run
+    ag = dict(kind="all_gather", nbytes=2 * 2**20, algo="ring", packet_bytes=1024)
+    alike = [dict(ag, group=f"cube:{c}") for c in (0, 1)]
+    got = {f: concurrent_run(alike, machine="ahbm", mode="fast", fidelity=f)[0] for f in FIDELITIES}
+    assert got["auto"].obtained.method == "fast-forward"
+    assert got["auto"].latency_ps == got["exact"].latency_ps and got["auto"].pe_finish_ps == got["exact"].pe_finish_ps
+    unlike = [alike[0], dict(ag, group="cube:1", op="max")]     # the same rounds, another collective
+    assert concurrent_run(unlike, machine="ahbm", mode="fast")[0].obtained.method == "simulated"

@@ -3,7 +3,7 @@ redistributions over every line of a mesh), sharing links, HBM controllers and r
 """
 from __future__ import annotations
 
-from ...kernel import run_programs
+from ...kernel import fast_forward, run_programs, steady
 from ...kernel.door import symmetry
 from ...kernel.policy import collective_mode
 from ..contract import DTYPES, as_machine
@@ -28,20 +28,49 @@ def concurrent(specs: list, *, machine=None, mode: str = "fast") -> list[float]:
     return [max(result.pe_finish_ps.get(pe, 0) for pe in pes) / 1000 for pes in groups]
 
 
-def concurrent_run(specs: list, *, machine=None, mode: str = "fast", built: Built | None = None) -> tuple:
+def concurrent_run(specs: list, *, machine=None, mode: str = "fast", built: Built | None = None,
+                   fidelity: str | None = None) -> tuple:
     """Run several collectives at the same time on one simulator; -> (RunResult, each one's PEs).
 
     ``specs``: dicts with ``kind``, ``group``, ``nbytes`` and optionally ``algo`` (not
     ``auto``), ``op``, ``dtype``, ``packet_bytes``. ``mode="auto"``: coarse when all of them
-    together are past one collective's thresholds (``kernel.policy.collective_mode``), else fast. The groups must not share a PE (each
-    PE's semaphores and buffers belong to one collective); they may share links, HBM
-    controllers and routers, and then share their bandwidth. ``built``: the first spec's
-    kernel already built (``line_algo``'s choice), taken as it is."""
+    together are past one collective's thresholds (``kernel.policy.collective_mode``), else
+    fast. The groups must not share a PE (each PE's semaphores and buffers belong to one
+    collective); they may share links, HBM controllers and routers, and then share their
+    bandwidth. ``built``: the first spec's kernel already built (``line_algo``'s choice),
+    taken as it is. ``fidelity="auto"`` (None: the one in force): collectives all alike
+    (one kind, algorithm, size, dtype, reduction, packet) have their steady rounds
+    fast-forwarded together (``kernel.steady``); any other mix is simulated whole."""
     machine = as_machine(machine)
+    try:
+        fidelity = steady.check(fidelity)
+    except ValueError as exc:
+        raise CollectiveError(str(exc)) from None
+    programs, groups, red, kernels = _joined(machine, specs, built)
+    if mode == "auto":
+        mode = _auto_mode(machine, sum(s["nbytes"] * len(g) for s, g in zip(specs, groups)), programs)
+    # NOTE: only collectives alike (one kernel, its rounds in step): truncating unlike ones
+    # alike would move where one ends against the others' rounds, a change of the mix.
+    rounds = {k.rounds for k in kernels}
+    if fidelity == "auto" and len(rounds) == 1 and len({_key(s) for s in specs}) == 1:
+        def run_at(q):
+            progs, _, red_q, _ = _joined(machine, specs, None, q)
+            return run_programs(progs, machine, mode=mode, reduction=red_q)
+        got = fast_forward(run_at, rounds.pop() - 1, fidelity)
+        if got is not None:
+            got.programs = programs
+            return got, groups
+    return steady.simulated(run_programs(programs, machine, mode=mode, reduction=red), fidelity), groups
+
+
+def _joined(machine, specs: list, built: Built | None, rounds: int | None = None) -> tuple:
+    """(every group's programs together, the groups' PEs, the symmetry reduction of copies or
+    None, the kernels built), each kernel truncated to ``rounds`` (``KernelLayout.truncate``;
+    None: whole)."""
     programs: dict = {}
     groups, orders = [], []     # each group's PEs as given, and in its grid's order (renaming's)
     first: dict = {}            # what a collective builds from -> (grid, kernel, programs) of the first
-    own = []                    # the specs whose kernels were built here (the others renamed)
+    own, kernels = [], []       # the specs whose kernels were built here (the others renamed); each one's kernel
     if built is not None:
         first[_key(specs[0])] = (built.grids[0], built.kernels[0], built.programs)
     for i, spec in enumerate(specs):
@@ -58,22 +87,24 @@ def concurrent_run(specs: list, *, machine=None, mode: str = "fast", built: Buil
             grid0, kernel0, progs0 = first[key]
             progs = progs0 if grid0.pes == grid.pes else \
                 rename.programs(machine, progs0, grid0, grid, multicast=not kernel0.multicasts_alike(grid.pes))
+            kernels.append(kernel0)
         if progs is None:
             kernel = _kernel(machine, i, spec, grid)
+            if rounds is not None:
+                kernel.truncate(rounds)
             progs = kernel.programs()
             first.setdefault(key, (grid, kernel, progs))
             own.append(i)
+            kernels.append(kernel)
         programs.update(progs)
         groups.append(pes)
         orders.append(list(grid.pes))
-    if mode == "auto":
-        mode = _auto_mode(machine, sum(s["nbytes"] * len(g) for s, g in zip(specs, groups)), programs)
     # NOTE: copies of the first group's programs, each in a unit of its own (a chip), are one
     # unit simulated (``symmetry.images``: ``reduce``'s answer without canonicalising them);
     # renaming maps the grids' PEs position by position, so the grids' orders are compared.
     copies = own in ([], [0]) and all(_key(s) == _key(specs[0]) for s in specs)
     red = symmetry.images(machine, {pe: programs[pe] for pe in orders[0]}, orders) if copies else None
-    return run_programs(programs, machine, mode=mode, reduction=red), groups
+    return programs, groups, red, kernels
 
 
 def _key(spec: dict) -> tuple:
