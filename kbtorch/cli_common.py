@@ -148,7 +148,7 @@ def check_output(path: str, option: str, inputs: dict, kind: str) -> None:
 
 def topology_inputs(paths) -> dict:
     """``{file: what}`` of every topology file (and a system's chip file) of ``paths``."""
-    from .topology.sources import source_files
+    from .topology.load.sources import source_files
     out = {}
     for path in paths:
         files = source_files(path)

@@ -15,7 +15,7 @@ LIMITS = {
     "flits": ("KBTORCH_MAX_FLITS", 1 << 22),            # flits of one traffic run, or of any flit-exact run
     "points": ("KBTORCH_MAX_POINTS", 10_000),           # points of one sweep, counted before expansion
     "depth": ("KBTORCH_MAX_DEPTH", 16),                 # nesting of tables and lists in a sweep spec
-    # NOTE: not KBTORCH_MAX_ELEMENTS, which bounds a topology's nodes + links (topology/validate.py).
+    # NOTE: not KBTORCH_MAX_ELEMENTS, which bounds a topology's nodes + links (topology/load/validate.py).
     "elements": ("KBTORCH_MAX_TENSOR_ELEMENTS", 1 << 28),  # elements of one host tensor an input asks for
     "point_s": ("KBTORCH_MAX_POINT_S", 3600),           # wall seconds of one sweep point
     "point_bytes": ("KBTORCH_MAX_POINT_BYTES", 8 << 30),  # address space one sweep point may add

@@ -9,7 +9,7 @@ from kbtorch.ops.collective import Request, rename, units
 from kbtorch.ops.collective.build import build, build_lines
 from kbtorch.ops.collective.groups import make_grid
 from kbtorch.topology import load_machine
-from kbtorch.topology.loader import resolve_doc
+from kbtorch.topology.load.pipeline import resolve_doc
 from kbtorch.topology.machine import Machine
 
 SYSTEM = str(Path(__file__).resolve().parent / "data" / "tiny_system.toml")

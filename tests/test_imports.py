@@ -405,3 +405,15 @@ def test_a_planted_import_of_the_simulator_past_the_door_fails(tmp_path):
     found = [v for v in violations(graph) if "door" in v]
     assert found == [f"kbtorch.tensor.stream (tensor) imports {m}: above the kernel, the simulator is reached "
                      "through kbtorch.kernel.door only" for m in ("kbtorch.sim", "kbtorch.sim.engine")], found
+
+
+#: the most modules a folder of kbtorch holds (the guide: folders of under about 15 modules).
+FOLDER_MODULES_MAX = 15
+
+
+def test_no_folder_holds_more_than_fifteen_modules():
+    sizes = {d.relative_to(ROOT).as_posix(): len(list(d.glob("*.py")))
+             for d in [ROOT / "kbtorch", *(ROOT / "kbtorch").rglob("*")] if d.is_dir() and d.name != "__pycache__"}
+    assert sizes["kbtorch/topology/load"] > 1, sizes
+    crowded = {d: n for d, n in sizes.items() if n > FOLDER_MODULES_MAX}
+    assert not crowded, f"folders of more than {FOLDER_MODULES_MAX} modules: {crowded}"

@@ -16,7 +16,7 @@ import torch
 import kbtorch
 from kbtorch.cli import main
 from kbtorch.topology import TopologyError, load_machine, select
-from kbtorch.topology import validate as validate_mod
+from kbtorch.topology.load import validate as validate_mod
 
 TINY = Path(__file__).parent / "data" / "tiny.toml"
 DIEWIDE = Path(__file__).parent / "data" / "diewide.toml"

@@ -14,7 +14,7 @@ from kbtorch.ops.gemm_kernel import gemm_kernel
 from kbtorch.ops.gemm_plan import GemmTiling, plan
 from kbtorch.sim import symmetry
 from kbtorch.sim.simulator import Simulator
-from kbtorch.topology.loader import resolve_doc
+from kbtorch.topology.load.pipeline import resolve_doc
 from kbtorch.topology.machine import Machine
 
 

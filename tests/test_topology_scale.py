@@ -4,7 +4,7 @@ import time
 import pytest
 
 from kbtorch.topology import Machine, TopologyError
-from kbtorch.topology.loader import load_raw
+from kbtorch.topology.load.pipeline import load_raw
 
 PE_BLOCK = """
 [blocks.pe]

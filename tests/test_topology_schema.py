@@ -5,7 +5,7 @@ import time
 import pytest
 
 from kbtorch.topology import Machine, TopologyError, load_machine
-from kbtorch.topology.loader import load_raw
+from kbtorch.topology.load.pipeline import load_raw
 
 HBM = 'hbm_slice = { kind = "hbm", overhead_ns = 0, channels = 2, channel_gbps = 128, burst_bytes = 256, capacity_gib = 1 }'
 TCM = 'tcm = { kind = "tcm", overhead_ns = 0, capacity_mib = 16, scratch_mib = 1 }'

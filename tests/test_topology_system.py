@@ -1,4 +1,4 @@
-"""System files (kbtorch/topology/system.py, system_route.py): chips of a chip file joined by
+"""System files (kbtorch/topology/system.py, route/system.py): chips of a chip file joined by
 trays and switch tiers, loaded as one machine; bad system files name the file and field."""
 from pathlib import Path
 
@@ -93,7 +93,7 @@ def test_schema_errors_name_the_field():
 
 
 def test_chip_overrides_of_a_system_set_its_chip_files_fields():
-    from kbtorch.topology.loader import override_entry, resolve_doc
+    from kbtorch.topology.load.pipeline import override_entry, resolve_doc
     doc = resolve_doc(SYSTEM, {"system.trays": 1, "chip.links.noc.bw_gbps": 512})
     assert doc["links"]["noc"]["bw_gbps"] == 512 and doc["system_file"]["system"]["trays"] == 1
     assert doc["system_file"]["system"]["chip_overrides"] == {"links.noc.bw_gbps": 512}

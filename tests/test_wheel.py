@@ -30,7 +30,7 @@ CHECK = """
 import json, kbtorch, kbtorch.models.qwen2, kbtorch.models.qwen2_sweep
 from kbtorch.sweep.spec import STUDY_DIR, load_spec
 from kbtorch.topology.machine import load_machine
-from kbtorch.topology.sources import TOPOLOGY_DIR
+from kbtorch.topology.load.sources import TOPOLOGY_DIR
 print(json.dumps({"kbtorch": kbtorch.__file__, "pes": len(load_machine("maia200").pes),
                   "topologies": sorted(p.stem for p in TOPOLOGY_DIR.glob("*.toml")),
                   "studies": {p.stem: len(load_spec(p.stem).points) for p in sorted(STUDY_DIR.glob("*.toml"))}}))

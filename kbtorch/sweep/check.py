@@ -22,8 +22,8 @@ from pathlib import Path
 from .. import ops
 from ..ops.contract import family
 from ..topology.errors import TopologyError
-from ..topology.loader import override_entry
-from ..topology.overrides import CHIP_PREFIX
+from ..topology.load.pipeline import override_entry
+from ..topology.load.overrides import CHIP_PREFIX
 from ..topology.machine import load_machine, topology_path
 from .workloads import convert, same_key
 

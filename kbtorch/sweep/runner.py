@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import limits
-from ..topology.cache import content_digest
-from ..topology.loader import resolve_doc
+from ..topology.load.cache import content_digest
+from ..topology.load.pipeline import resolve_doc
 from ..topology.machine import machine_of_doc, topology_path
-from ..topology.sources import source_files
-from ..topology.validate import element_limit
+from ..topology.load.sources import source_files
+from ..topology.load.validate import element_limit
 from .spec import STUDY_DIR, Spec, load_spec
 from .store import Store, StoreError, point_key
 from .workloads import add_paths, run_point

@@ -32,10 +32,10 @@ from pathlib import Path
 
 from ..limits import LIMITS, limit
 from ..topology.errors import TopologyError, did_you_mean
-from ..topology.loader import override_entry, resolve_doc
+from ..topology.load.pipeline import override_entry, resolve_doc
 from ..topology.machine import DEFAULT_MACHINE, topology_path
 from ..topology.select import ENV as TOPOLOGY_ENV
-from ..topology.overrides import CHIP_PREFIX
+from ..topology.load.overrides import CHIP_PREFIX
 from .check import check_axes, check_distinct, check_machines, check_points, combos
 from .workloads import parse_workload, same_key
 

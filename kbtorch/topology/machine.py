@@ -12,18 +12,18 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from . import cache, validate
+from .load import cache, validate
 from .errors import TopologyError
 from .facts import MachineFacts
 from .launch import Launch, segments
-from .loader import Resolved, expand, of_doc, resolve
-from .overrides import freeze_overrides
-from .multipath import Paths, RoutingPolicy
-from .routing import Router
-from .sources import topology_path
+from .load.pipeline import Resolved, expand, of_doc, resolve
+from .load.overrides import freeze_overrides
+from .route.multipath import Paths, RoutingPolicy
+from .route.chip import Router
+from .load.sources import topology_path
 from .system import LEVELS as SYSTEM_LEVELS
-from .system_route import SystemRouter
-from .validate import PE_ROLES
+from .route.system import SystemRouter
+from .load.validate import PE_ROLES
 
 __all__ = ["DEFAULT_MACHINE", "PE", "PE_ROLES", "IssueCost", "Machine", "load_machine", "machine_of_doc", "topology_path"]
 #: The machine every entry point uses when none is named (``use``, $KBTORCH_TOPOLOGY, the
@@ -95,13 +95,13 @@ class Machine(MachineFacts):
     finds it again in the process), so tensors and modules copied on ``ahbm`` still mix."""
 
     def __init__(self, path: str, overrides: dict | None = None, *, doc: dict | None = None):
-        """``doc``: the document :func:`~kbtorch.topology.loader.resolve_doc` returned for
+        """``doc``: the document :func:`~kbtorch.topology.load.pipeline.resolve_doc` returned for
         ``path`` and ``overrides`` (already checked: not read or checked again)."""
         self._compile(resolve(path, overrides) if doc is None else of_doc(path, doc))
 
     @classmethod
     def of(cls, resolved: Resolved) -> "Machine":
-        """The machine of a checked document (step 5 of the load path, ``loader``)."""
+        """The machine of a checked document (step 5 of the load path, ``load.pipeline``)."""
         machine = cls.__new__(cls)
         machine._compile(resolved)
         return machine
@@ -190,7 +190,7 @@ class Machine(MachineFacts):
 
     def paths(self, src: str, dst: str) -> tuple:
         """``((path, weight), ...)``: the paths a message's packets are sprayed over under the
-        machine's ``[routing]`` policy (``topology.multipath``); one path, ``route``, when
+        machine's ``[routing]`` policy (``topology.route.multipath``); one path, ``route``, when
         single-path."""
         return self._paths.paths(src, dst)
 
@@ -241,7 +241,7 @@ def load_machine(name_or_path: str = DEFAULT_MACHINE, overrides: dict | None = N
     """Load (once per content: the bytes of every file read, and the overrides) and return the
     compiled machine: the same object for the same content, so a file touched (new mtime,
     same bytes) is the same machine and an edit to a system's chip file a new one. The load
-    path is written down in :mod:`kbtorch.topology.loader`.
+    path is written down in :mod:`kbtorch.topology.load.pipeline`.
 
     ``overrides`` maps dotted paths of the file to values (``{"links.noc.bw_gbps": 512}``);
     see docs/topology-format.md."""

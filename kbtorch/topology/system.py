@@ -10,7 +10,7 @@ switch per ``per`` trays over a port group, or per ``per`` switches of the tier 
 chip's top block plus its port nodes, ``__tray``, ``__system``) that the ordinary expander
 turns into one flat machine: PEs chip-major (``tray0.chip0.`` first), the chip a level of
 the PE names (``--group chip:3``), each chip's own launch node. ``SystemLayout`` keeps the
-structure the system router (``system_route.py``) routes over: chip-local routes come from
+structure the system router (``route/system.py``) routes over: chip-local routes come from
 the chip alone, routes between chips go port group to port group, directly or up the tiers.
 
 NOTE: the checks of a system are ``validate``'s (names, references, dangling ports, reach);
@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import TopologyError, did_you_mean
-from .validate import check_ports_used, check_reach, check_switch_refs, check_system_names, known
+from .load.validate import check_ports_used, check_reach, check_switch_refs, check_system_names, known
 
 #: The coordinates (and PE-name levels) a system adds above the chip's own.
 LEVELS = ("tray", "chip")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import TopologyError, did_you_mean
-from .size import REF, array_shape, product
+from ..errors import TopologyError, did_you_mean
+from ..size import REF, array_shape, product
 
 
 @dataclass

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from .errors import TopologyError
+from ..errors import TopologyError
 
 
 class Router:

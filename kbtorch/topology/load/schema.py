@@ -4,7 +4,7 @@ A field is one line: ``"bw_gbps": req(POS_NUM)`` (required) or ``"description": 
 Value types are :class:`Value` (a leaf with a test and the words of its error message),
 :class:`Record` (a table with known keys), :class:`Map` (a table of free names, every value
 of one schema), :class:`Seq` (a list of one schema) and :class:`Variant` (a record whose
-fields depend on its ``kind``). ``kbtorch.topology.validate`` walks a document against
+fields depend on its ``kind``). ``kbtorch.topology.load.validate`` walks a document against
 :data:`TOP`; docs/topology-format.md lists the same tables for readers.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Step 2 of loading (see ``loader``): a topology file's bytes -> its parsed TOML document.
+"""Step 2 of loading (see ``pipeline``): a topology file's bytes -> its parsed TOML document.
 
 Every fault is a :class:`TopologyError` naming the file and the entry ``file``.
 """
@@ -9,7 +9,7 @@ import stat
 import tomllib
 from pathlib import Path
 
-from .errors import TopologyError
+from ..errors import TopologyError
 
 __all__ = ["read_bytes", "parse", "read_toml", "is_system"]
 

@@ -21,7 +21,7 @@ of each group it crosses, modulo the group's lanes). Inside one chip: the chip's
 """
 from __future__ import annotations
 
-from .errors import TopologyError
+from ..errors import TopologyError
 
 
 class SystemRouter:

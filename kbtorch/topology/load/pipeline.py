@@ -37,13 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import cache
-from .errors import TopologyError
+from ..errors import TopologyError
 from .expand import Expander, RawTopology
 from .overrides import CHIP_PREFIX, apply_overrides, blame, lookup
 from .parse import is_system, parse, read_toml
 from .schema import SYSTEM_TOP
 from .sources import Sources, chip_file, read
-from .system import compile_system
+from ..system import compile_system
 from .validate import check_blocks, check_chip, check_pes, check_size, element_limit, validate
 
 __all__ = ["RawTopology", "Resolved", "resolve", "resolve_doc", "of_doc", "expand", "load_raw", "override_entry"]
@@ -145,7 +145,7 @@ def load_raw(path: str | Path, overrides: dict | None = None, max_elements: int 
     ``overrides`` maps dotted paths of the file to new values (``{"links.noc.bw_gbps": 512}``),
     set before the schema check. ``doc``: a document :func:`resolve_doc` returned (read,
     overridden and checked already: not read or checked again). ``max_elements`` caps nodes +
-    directed links (default :data:`kbtorch.topology.validate.DEFAULT_MAX_ELEMENTS`, or
+    directed links (default :data:`kbtorch.topology.load.validate.DEFAULT_MAX_ELEMENTS`, or
     $KBTORCH_MAX_ELEMENTS). Raises TopologyError on bad input.
     """
     path = str(path)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import re
 
-from .errors import TopologyError, did_you_mean
+from ..errors import TopologyError, did_you_mean
 
 #: An override of a system file under this prefix sets a field of its chip file
 #: (``chip.links.noc.bw_gbps``), on top of the system's own ``system.chip_overrides``.

@@ -1,4 +1,4 @@
-"""Step 1 of loading (see ``loader``): a topology's name -> its files, every byte read once.
+"""Step 1 of loading (see ``pipeline``): a topology's name -> its files, every byte read once.
 
 A machine is built from the topology file and, for a system, its chip file. Its identity is
 the content of all of them plus the overrides (``Sources.key``: an edit to a system's chip
@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import TopologyError, did_you_mean
+from ..errors import TopologyError, did_you_mean
 from .overrides import freeze_overrides
 from .parse import is_system, parse, read_bytes
 

@@ -1,6 +1,6 @@
-"""Step 3 of loading (see ``loader``): every check of a topology, in the order they run.
+"""Step 3 of loading (see ``pipeline``): every check of a topology, in the order they run.
 
-- the schema (``validate``: a parsed document against kbtorch/topology/schema.py). The walk
+- the schema (``validate``: a parsed document against kbtorch/topology/load/schema.py). The walk
   follows the schema, never the document, so its depth is the schema's: a document nested a
   thousand levels deep is refused at the first level that expects something else;
 - a system's chip file (``check_chip``) and the names and references of a system
@@ -18,11 +18,11 @@ from __future__ import annotations
 import math
 import os
 
-from .errors import TopologyError, did_you_mean
-from .multipath import POLICIES
+from ..errors import TopologyError, did_you_mean
+from ..route.multipath import POLICIES
 from .parse import is_system
 from .schema import MAX_NUMBER, TOP, Map, Record, Seq, Value, Variant
-from .size import REF, array_shape, product
+from ..size import REF, array_shape, product
 
 #: Engines every PE block must define (the tile-kernel API's model of a PE).
 PE_ROLES = ("cp", "sched", "dma_rd", "dma_wr", "gemm", "math", "tcm", "ipcq")

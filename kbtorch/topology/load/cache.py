@@ -1,4 +1,4 @@
-"""Step 5 of loading (see ``loader``): the one cache of topology loading, keyed by content.
+"""Step 5 of loading (see ``pipeline``): the one cache of topology loading, keyed by content.
 
 An entry is found by what it was made from, never by a file's name or mtime: a resolved
 document by ``Sources.key`` (every byte read, and the overrides), a machine by its path and
@@ -17,7 +17,7 @@ import json
 import weakref
 from collections import OrderedDict
 
-from .. import state
+from ... import state
 
 __all__ = ["content_digest", "get", "clear", "SIZE"]
 #: Entries held whether used or not (the latest first to stay).
@@ -60,4 +60,4 @@ def clear() -> None:
     _RECENT.clear()
 
 
-state.cache(_RECENT, "kbtorch.topology.cache._RECENT")
+state.cache(_RECENT, "kbtorch.topology.load.cache._RECENT")

@@ -1,7 +1,7 @@
 """Multi-path transport: the paths a message's packets are sprayed over, chosen by the
 machine's ``[routing]`` policy (docs/topology-format.md).
 
-- ``single`` (the default): the one dimension-ordered route (``routing.Router``).
+- ``single`` (the default): the one dimension-ordered route (``route.chip.Router``).
 - ``minimal-spray``: every path of least uncontended head latency between the two nodes, in
   any dimension order (minimal oblivious routing: buffers are unbounded in this model, so the
   deadlock freedom dimension order buys is not needed), at most ``max_paths``.
@@ -10,7 +10,7 @@ machine's ``[routing]`` policy (docs/topology-format.md).
   each the least-latency route from the port on, not revisiting a node; a message that
   needs no port (it stays inside the chip) takes its single route.
 
-On a system of chips (``system_route.SystemRouter``) both policies spray between chips over
+On a system of chips (``route.system.SystemRouter``) both policies spray between chips over
 the chips' port groups: over the tray link and the switch tiers, and with ``relays = 1``
 through one other chip too (``SystemRouter.spray``).
 
@@ -73,7 +73,7 @@ class Paths:
             single = self.router.route(src, dst)
             if self.policy.policy != "single" and hasattr(self.router, "spray"):
                 # NOTE: a system of chips sprays over its chips' port groups and relay chips
-                # (``system_route.SystemRouter.spray``), not over a search of the whole graph.
+                # (``route.system.SystemRouter.spray``), not over a search of the whole graph.
                 found = self.router.spray(src, dst, self.policy.policy, self.policy.max_paths, self.policy.relays)
             elif self.policy.policy == "minimal-spray":
                 found = self._minimal(src, dst)
