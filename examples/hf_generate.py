@@ -272,8 +272,9 @@ def report(args, prof, clock, out, expect, model, wall: float) -> dict:
            "tokens_per_s": args.batch * args.new_tokens * 1e9 / total if total else None,
            "decode_tokens_per_s": args.batch * 1e9 / tpot if tpot else None, "total_ns": total,
            "collective_share": moved / recorded if recorded else 0.0,
+           "host_ns": prof.host_ns,
            "ops": [{"name": r.name, "latency_ns": r.latency_ns, "bottleneck": r.bottleneck}
-                   for r in sorted(prof.records, key=lambda r: -r.latency_ns)[:20]]}
+                   for r in sorted((r for r in prof.records if r.module), key=lambda r: -r.latency_ns)[:20]]}
     if expect is not None:
         rec.update(compare(out, expect))
     graphs = getattr(model.forward, "graphs", None)

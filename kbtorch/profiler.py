@@ -73,6 +73,17 @@ class Profile:
             return 0.0
         return max(r.start_ns + r.latency_ns for r in self.records) - min(r.start_ns for r in self.records)
 
+    @property
+    def model_ns(self) -> float:
+        """The latency of the ops a module's call ran (``OpRecord.module``): the model's work."""
+        return sum(r.latency_ns for r in self.records if r.module)
+
+    @property
+    def host_ns(self) -> float:
+        """The latency of the ops host code ran outside any module's call (generate()'s
+        bookkeeping, a script's own tensor ops): ``total_ns - model_ns``."""
+        return sum(r.latency_ns for r in self.records if not r.module)
+
     def key_averages(self) -> "KeyAverages":
         return KeyAverages(self.records)
 
@@ -143,6 +154,7 @@ class OpAverage:
     gbps: float
     kernel: str
     bottleneck: str
+    module: str = ""        # the outermost module class of these calls; "": host code (``Profile.host_ns``)
 
     @property
     def device_time_total(self) -> float:
@@ -155,7 +167,9 @@ class OpAverage:
 
 class KeyAverages(list):
     """The records grouped by op name, a list of ``OpAverage`` in order of first call, as
-    ``torch.profiler``'s ``key_averages()``; ``table()`` prints it."""
+    ``torch.profiler``'s ``key_averages()``; ``table()`` prints it. Ops a module's call ran
+    and ops of the host code around it (outside any module) are grouped apart, so an op
+    name of both kinds has a row of each."""
 
     COLUMNS = ("key", "count", "latency_ns", "avg_ns", "pct", "tflops", "gbps", "kernel", "bottleneck")
     #: torch.profiler's sort keys, as the columns they are here (one device: total = self).
@@ -165,24 +179,39 @@ class KeyAverages(list):
     def __init__(self, records: list):
         groups: dict = {}
         for r in records:
-            groups.setdefault(r.name, []).append(r)
+            groups.setdefault((r.name, bool(r.module)), []).append(r)
         total = sum(r.latency_ns for r in records) or 1.0
         rows = []
-        for name, rs in groups.items():
+        for (name, _), rs in groups.items():
             ns = sum(r.latency_ns for r in rs)
             rows.append(OpAverage(name, len(rs), ns, ns / len(rs), 100 * ns / total, tflops(sum(r.flops for r in rs), ns),
-                                  sum(r.bytes for r in rs) / ns if ns else 0.0, rs[0].kernel, rs[-1].bottleneck))
+                                  sum(r.bytes for r in rs) / ns if ns else 0.0, rs[0].kernel, rs[-1].bottleneck,
+                                  rs[0].module))
         super().__init__(rows)
 
     def table(self, sort_by: str = "latency_ns", row_limit: int = 100) -> str:
-        """The rows sorted by ``sort_by`` (a column or a torch.profiler sort key), largest first."""
+        """The rows sorted by ``sort_by`` (a column or a torch.profiler sort key), largest
+        first, ``row_limit`` rows in all; where some ops ran in a module's call and some
+        outside any, the host code's rows follow the model's in a table of their own, under
+        its total."""
         column = self.ALIASES.get(sort_by, sort_by)
         if column not in self.COLUMNS:
             raise ValueError(f"sort_by '{sort_by}' is not a column ({', '.join(self.COLUMNS)}) or a torch.profiler "
                              f"sort key ({', '.join(self.ALIASES)})")
         rows = sorted(self, key=lambda r: getattr(r, column), reverse=column not in ("key", "kernel", "bottleneck"))
-        return tabulate([[getattr(r, c) for c in self.COLUMNS] for r in rows[:row_limit]],
-                        headers=("name", "calls", *self.COLUMNS[2:]), floatfmt=".2f")
+        host = [r for r in rows if not r.module]
+        if len(host) in (0, len(rows)):
+            return self._tabulate(rows[:row_limit])
+        shown = rows[:row_limit]
+        model, apart = [r for r in shown if r.module], [r for r in shown if not r.module]
+        modules = ", ".join(dict.fromkeys(r.module for r in rows if r.module))
+        text = f"in {modules} calls:\n{self._tabulate(model)}\n\nhost code outside any module: " \
+               f"{sum(r.latency_ns for r in host) / 1000:.3f} us, {sum(r.pct for r in host):.1f}% of the recorded time"
+        return text + (f"\n{self._tabulate(apart)}" if apart else "")
+
+    def _tabulate(self, rows: list) -> str:
+        return tabulate([[getattr(r, c) for c in self.COLUMNS] for r in rows], headers=("name", "calls", *self.COLUMNS[2:]),
+                        floatfmt=".2f")
 
 
 @contextmanager

@@ -70,6 +70,20 @@ def test_cli_json_export_and_plots(tmp_path, capsys):
     assert "unknown format 'xls'" in capsys.readouterr().err
 
 
+def test_a_heatmap_only_where_two_axes_are_crossed(tmp_path, capsys):
+    """One axis at a time fills only a heatmap's base row and column: no heatmap is drawn."""
+    pytest.importorskip("matplotlib")
+    spec = tmp_path / "study.toml"
+    (tmp_path / "sweep_helper.py").write_text(HELPER)
+    spec.write_text(f'[sweep]\ntopology = "{TINY}"\ncombine = "one_at_a_time"\n[axes]\nlinks.noc.bw_gbps = [128, 256]\n'
+                    'hbm = { path = "components.hbm_slice.channel_gbps", scale = [0.5, 1] }\n'
+                    '[workloads.v]\nop = "vector"\nn = 4096\n')
+    assert main(["sweep", str(spec), "--workers", "1", "--json", "--plot", str(tmp_path / "plots")]) == 0
+    assert json.loads(capsys.readouterr().out)["points"] == 3
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "study_hbm.png", "study_links_noc_bw_gbps.png", "study_sensitivity.png"]
+
+
 def _stored(path) -> list:
     with sqlite3.connect(path) as db:
         return db.execute("SELECT key, row FROM points ORDER BY key").fetchall()

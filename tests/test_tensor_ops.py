@@ -138,6 +138,45 @@ def test_profile_table_and_chrome_trace(tmp_path, gen):
         assert e["dur"] > 0 and e["ts"] + e["dur"] <= op["ts"] + op["dur"] + 1e-9
 
 
+def test_the_profile_keeps_host_code_apart_from_the_models_ops(gen):
+    """Ops a module's call ran (eager, graphed or compiled) name the outermost module; the
+    host code's ops around it (here a sum, in generate() its bookkeeping) are kept apart."""
+    def block():
+        return torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()).to("ahbm")
+    mlp, x = block(), torch.randn(4, 32, generator=gen).to("ahbm")
+    graphed, compiled = kbtorch.graphed(block()), torch.compile(block(), backend="kbtorch")
+    graphed(x), compiled(x)
+    with torch.no_grad(), kbtorch.profile() as prof:
+        (mlp(x) * 2).sum()
+        graphed(x), compiled(x)
+    names = [r.name for r in prof.records]
+    assert names[:6] == ["aten::addmm", "aten::addmm (bias)", "aten::relu", "aten::mul", "aten::sum", "Sequential"]
+    assert len(names) == 7 and names[6].startswith("compiled graph")
+    assert [r.module for r in prof.records] == ["Sequential"] * 3 + [""] * 2 + ["Sequential"] * 2
+    host = sum(r.latency_ns for r in prof.records[3:5])
+    assert prof.host_ns == pytest.approx(host) and prof.model_ns == pytest.approx(prof.total_ns - host)
+    avgs = prof.key_averages()
+    assert [(e.key, e.module) for e in avgs if not e.module] == [("aten::mul", ""), ("aten::sum", "")]
+    model, rest = prof.key_averages().table().split("host code outside any module")
+    assert model.startswith("in Sequential calls:") and "aten::relu" in model and "aten::sum" not in model
+    assert "aten::sum" in rest and "aten::relu" not in rest
+    with kbtorch.profile() as alone:                     # no module at all: one table, as before
+        x + x
+    assert "host code" not in alone.key_averages().table() and alone.host_ns == alone.total_ns
+
+
+def test_generates_bookkeeping_is_host_code():
+    pytest.importorskip("transformers")
+    from kbtorch.models.hf import build
+    model = build("tiny-llama")[0].to("ahbm")
+    ids = torch.tensor([[1, 2, 3, 4]]).to("ahbm")
+    with torch.no_grad(), kbtorch.profile() as prof:
+        model.generate(ids, max_new_tokens=2, do_sample=False)
+    where = {r.name: r.module for r in prof.records}
+    assert where["aten::isin"] == "" and where["aten::mm"] == "LlamaForCausalLM"
+    assert 0 < prof.host_ns < prof.model_ns
+
+
 def test_errors_like_torch(gen):
     a = torch.randn(3, 4, generator=gen).to("ahbm")
     with pytest.raises(RuntimeError, match="same device"):

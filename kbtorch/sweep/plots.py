@@ -1,5 +1,5 @@
 """Plots of a sweep (matplotlib, Agg backend, PNG): the result against each axis, a heatmap of
-two axes, and the sensitivity chart that ranks the hardware levers.
+two axes crossed (``combine = "product"``), and the sensitivity chart that ranks the hardware levers.
 
 Every plot holds the other axes at their base value (``Spec.base``: factor 1, the base
 topology, the file's own value), so a curve shows one lever alone. The sensitivity of an
@@ -128,7 +128,8 @@ def plot_all(df, spec, directory: str) -> list:
     base = os.path.join(directory, _file(spec.name))
     out = [axis_plot(df, spec, a, f"{base}_{_file(a.name)}.png") for a in spec.axes if len(a.values) > 1]
     multi = [a for a in spec.axes if len(a.values) > 1]
-    if len(multi) >= 2:
+    # NOTE: a heatmap needs two axes crossed; one at a time, all but its base row and column are empty.
+    if len(multi) >= 2 and spec.combine == "product":
         wl = df["workload"].iloc[0]
         out.append(heatmap(df, spec, multi[0], multi[1], wl, f"{base}_heatmap.png"))
     if multi:

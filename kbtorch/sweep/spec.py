@@ -98,6 +98,8 @@ class Spec:
     points: tuple
     #: Where ``fn`` workloads are imported from: the working directory and the spec's directory.
     import_paths: tuple = ()
+    #: How the axes combine (``COMBINE``): a cross product, or one axis off the base at a time.
+    combine: str = "product"
 
     def base(self, axis: Axis):
         """The axis' value at the base machine: factor 1, the base topology, or the file's value."""
@@ -173,7 +175,7 @@ def load_spec(path) -> Spec:
         else _product(base, axes, workloads, path, combine)
     check_points(points, path, SpecError)
     check_machines(points, workloads, path, SpecError, axes)
-    return Spec(path, name, base, axes, workloads, tuple(points), paths)
+    return Spec(path, name, base, axes, workloads, tuple(points), paths, combine)
 
 
 class _Budget:

@@ -8,6 +8,7 @@ their own. Reports of the records (tables, traces) are ``kbtorch.profiler``'s.
 """
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ class OpRecord:
     timeline: dict | None = field(default=None, compare=False, repr=False)
     parts: tuple = field(default=(), compare=False, repr=False)     # a graph's kernels (start_ns: from its start)
     track: str = ""         # the trace track of an op of a pipeline stage (``TRACK``); "": its kernel's
+    module: str = ""        # the outermost ``nn.Module`` class whose call ran it; "": none (host code)
 
     @property
     def tflops(self) -> float:
@@ -67,13 +69,34 @@ def set_clock_ns(ns: float) -> None:
 
 
 def record(name: str, shapes: tuple, kernel: str, latency_ns: float, **kw) -> OpRecord:
-    """Put an op on this context's stream: it starts at the clock, which it advances."""
+    """Put an op on this context's stream: it starts at the clock, which it advances; with a
+    listener open, the record names the module whose call ran it (``module_scope``)."""
     kw.setdefault("track", TRACK.get())
+    if _LISTENERS.get():
+        kw.setdefault("module", module_scope())
     rec = OpRecord(name, shapes, kernel, _CLOCK_NS.get(), latency_ns, **kw)
     _CLOCK_NS.set(rec.start_ns + latency_ns)
     for listener in _LISTENERS.get():
         listener.append(rec)
     return rec
+
+
+_MODULE_CALLS = (torch.nn.Module._wrapped_call_impl.__code__, torch.nn.Module._call_impl.__code__)
+
+
+def module_scope() -> str:
+    """The class name of the outermost ``nn.Module`` being called on this thread's Python
+    stack, or "" when none is: an op of a model's forward (``model(...)``, also compiled or
+    graphed) against one of the host code around it (generate()'s bookkeeping)."""
+    # NOTE: the stack, not module hooks: global hooks would change what dynamo traces, and
+    # a model called any way (``__call__``, compiled, graphed) passes ``Module._wrapped_call_impl``.
+    frame, found = sys._getframe(1), ""
+    while frame is not None:
+        if frame.f_code in _MODULE_CALLS:
+            module = frame.f_locals.get("self")
+            found = type(getattr(module, "_orig_mod", module)).__name__     # a compiled module: its model
+        frame = frame.f_back
+    return found
 
 
 @contextmanager
