@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         with use_fidelity(args.fidelity) if hasattr(args, "fidelity") else contextlib.nullcontext():
             data, text = args.func(args, machine)
     except (*REPORTED, MemoryError, KeyboardInterrupt) as exc:
-        return report(exc, "--json" in argv)
+        return report(exc, wants_json(argv))
     try:
         print(json.dumps(_finite(data)) if getattr(args, "json", False) else text, flush=True)
     except BrokenPipeError:
@@ -121,6 +121,13 @@ def _machine(args):
     """The machine a command runs on: its NAME or ``--topology``, else $KBTORCH_TOPOLOGY, else ahbm."""
     name = getattr(args, "name", None) or getattr(args, "topology", None)
     return load_machine(name) if name else current_machine()
+
+
+def wants_json(argv: list) -> bool:
+    """Whether ``argv`` asks for JSON: ``--json`` or an abbreviation argparse takes for it
+    (``--js``), so an error is one JSON object whenever a success would be."""
+    words = [a for a in argv if a.startswith("--j") and len(a) > 3]
+    return any("--json".startswith(a) for a in words)
 
 
 def report(exc: BaseException, as_json: bool, prog: str = "kbtorch") -> int:
@@ -140,7 +147,7 @@ def run_script(main, argv=None, prog: str | None = None) -> int:
         limits.check_environment()
         return main(argv) or 0
     except (*REPORTED, MemoryError, KeyboardInterrupt) as exc:
-        return report(exc, "--json" in argv, prog or os.path.basename(sys.argv[0]) or "kbtorch")
+        return report(exc, wants_json(argv), prog or os.path.basename(sys.argv[0]) or "kbtorch")
 
 
 def fail(exc: BaseException, as_json: bool, message, status: int = 2, prog: str = "kbtorch") -> int:

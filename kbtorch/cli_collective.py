@@ -137,6 +137,10 @@ def _check(run, kind: str, shards: list, op: str, root: int) -> dict:
 def _cmd_collective(args, machine):
     from .ops.collective import CollectiveError, collective
 
+    if args.trace:
+        raise ValueError("argument --trace: a collective writes no event trace (its figure comes from one "
+                         "simulation or from fast-forwarded rounds); bench transfer, hbm, traffic, gemm, attention "
+                         "and vector write one")
     kind, op, root = args.collective, getattr(args, "op", "sum"), getattr(args, "root", 0)
     n = _members(args, machine)
     shards = _shards(kind, n, args.bytes, args.dtype) if args.check else None
@@ -145,7 +149,8 @@ def _cmd_collective(args, machine):
                          dtype=args.dtype, machine=machine, packet_bytes=args.packet_bytes, mode=args.mode)
     except CollectiveError as exc:
         text = str(exc)
-        option = "--packet-bytes" if "packet_bytes" in text else ("--bytes" if "bytes" in text else None)
+        option = next((flag for word, flag in (("packet_bytes", "--packet-bytes"), ("root", "--root"),
+                                               ("bytes", "--bytes")) if word in text), None)
         raise ValueError(f"argument {option}: {text}" if option else text) from None
     data = {"topology": machine.name, "group": args.group, **run.as_dict()}
     if args.check:

@@ -361,6 +361,12 @@ def test_flit_mode_collective_bounded(capsys, monkeypatch):
     assert main(["bench", "allreduce", "--topology", str(TINY), "--bytes", "64KiB", "--mode", "flit", "--json"]) == 2
     assert time.perf_counter() - t0 < 1.0
     data = json.loads(capsys.readouterr().out)
+    # NOTE: refused before anything is built, on a lower bound of the flits sent (each other member's share)
+    assert data["message"].startswith("argument --bytes: a flit-exact all_reduce of 65536 bytes over 8 members sends "
+                                      "at least: 1792 flits exceed the limit of 64") and "KBTORCH_MAX_FLITS" in data["message"]
+    monkeypatch.setenv("KBTORCH_MAX_FLITS", "2000")                # past the bound: the run counts its flits
+    assert main(["bench", "allreduce", "--topology", str(TINY), "--bytes", "64KiB", "--mode", "flit", "--json"]) == 2
+    data = json.loads(capsys.readouterr().out)
     assert "a flit-exact run (one event per flit)" in data["message"] and "KBTORCH_MAX_FLITS" in data["message"]
 
 

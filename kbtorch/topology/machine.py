@@ -130,7 +130,7 @@ class Machine(MachineFacts):
             validate.check_routable(self)
         else:
             self._chip_machine()
-        validate.check_routing(raw.routing, self.graph, self.path)
+        validate.check_routing(raw.routing, self.graph, self.path, self.system is not None)
         self.routing = RoutingPolicy.from_doc(raw.routing)
         self._paths = Paths(self.router, self.routing)
         self._launch = [segments(self, pe.id) for pe in self.pes]

@@ -118,27 +118,42 @@ def _shards(kind: str, shards, n: int, nbytes, dtype):
 def checked(req: Request) -> tuple:
     """The checks before any work -> (PEs, bytes per member, dtype): kind, reduction, group,
     sizes, HBM capacity, root, order, mode and packet size."""
-    kind, machine, root = req.kind, req.machine, req.root
+    kind, machine = req.kind, req.machine
     if kind not in KINDS:
         raise CollectiveError(f"unknown collective '{kind}' (known: {', '.join(KINDS)})")
     if req.op not in OPS:
         raise CollectiveError(f"unknown reduction '{req.op}' (known: {', '.join(OPS)})")
     pes = resolve_group(machine, req.group)
     nbytes, dtype = _shards(kind, req.shards, len(pes), req.nbytes, req.dtype)
-    regions = {"all_reduce": 4, "reduce_scatter": 4, "all_to_all": 3 * len(pes)}.get(kind, 3)  # in, out, 2 scratch
+    _check_members(req, pes, len(pes), nbytes)
+    return pes, nbytes, dtype
+
+
+def _check_members(req: Request, pes, members: int, nbytes: int) -> None:
+    """HBM capacity of ``pes``, the root among ``members`` ranks, order, mode and packet size."""
+    machine, kind = req.machine, req.kind
+    regions = {"all_reduce": 4, "reduce_scatter": 4, "all_to_all": 3 * members}.get(kind, 3)  # in, out, 2 scratch
     try:
         limits.check_hbm(machine, pes, regions * page_align(machine, nbytes), f"{kind} of {nbytes} bytes per member")
     except ValueError as exc:
         raise CollectiveError(str(exc)) from None
-    if not 0 <= root < len(pes):
-        raise CollectiveError(f"broadcast root {root} is not a member rank (0..{len(pes) - 1})")
+    if not 0 <= req.root < members:
+        raise CollectiveError(f"broadcast root {req.root} is not a member rank (0..{members - 1})")
     if req.order not in ORDERS:
         raise CollectiveError(f"unknown block order '{req.order}' (known: {', '.join(ORDERS)})")
     _check_mode(req.mode)
     if req.packet_bytes is not None and req.packet_bytes < machine.flit_bytes:
         raise CollectiveError(f"packet_bytes={req.packet_bytes}: a packet is at least one flit "
                               f"({machine.flit_bytes} bytes)")
-    return pes, nbytes, dtype
+    if req.mode == "flit":
+        # NOTE: a lower bound on the flits any algorithm sends, checked before anything is
+        # built: each of the others receives what it lacks (a reduce-scatter: a share of it).
+        lacks = (members - 1) * nbytes // (members if kind in ("reduce_scatter", "reduce") else 1)
+        try:
+            limits.check("flits", -(-lacks // machine.flit_bytes), f"a flit-exact {kind} of {nbytes} bytes over "
+                         f"{members} members sends at least")
+        except ValueError as exc:
+            raise CollectiveError(str(exc)) from None
 
 
 def _check_mode(mode: str) -> None:
@@ -192,8 +207,9 @@ def _across(req: Request) -> CollectiveRun:
     if req.algo != "auto" and req.algo not in ALGOS:
         raise CollectiveError(f"unknown algorithm '{req.algo}' (known: {', '.join(ALGOS)})")
     level, lines, sizes = units.lines_of(req)
-    req, built, cands = _built(req, lines, sizes, f"{n} {level}s")
     pes = tuple(p for line in lines for p in line)
+    _check_members(req, pes, n, nbytes)
+    req, built, cands = _built(req, lines, sizes, f"{n} {level}s")
     mode = collective_mode(req.mode, machine, nbytes * len(pes), built.programs, built.busy)
     result = _simulated(req, built, mode, lambda r: build_lines(r, lines, sizes))
     outputs = units.numerics(req, lines, sizes) if req.shards is not None else None

@@ -97,9 +97,15 @@ SCOPE: ContextVar = state.context_var("kbtorch_scope", None)
 
 
 def scoped_pes(machine) -> tuple | None:
-    """The PEs of the scope (``SCOPE``) on ``machine``, or None (every PE)."""
+    """The PEs of the scope (``SCOPE``) on ``machine``, or None (every PE); a scope of
+    another machine is refused, naming both (its PEs are not ``machine``'s)."""
     scope = SCOPE.get()
-    return tuple(scope.pes) if scope is not None and scope.machine is machine else None
+    if scope is None:
+        return None
+    if scope.machine is not machine:
+        raise ValueError(f"kbtorch.home: the mesh is of machine '{scope.machine.name}', but this op runs on "
+                         f"'{machine.name}'; make the mesh on '{machine.name}' or use('{scope.machine.name}')")
+    return tuple(scope.pes)
 
 
 @contextmanager

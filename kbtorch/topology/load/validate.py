@@ -16,6 +16,7 @@ file does not have (``overrides``); checking them first would be the same walk t
 from __future__ import annotations
 
 import math
+import re
 import os
 
 from ..errors import TopologyError, did_you_mean
@@ -141,7 +142,12 @@ def check_chip(chip: dict, chip_path: str, path: str) -> None:
 
 
 def check_system_names(doc: dict, path: str, chip_doc: dict, chip_path: str) -> None:
-    """No link kind or component of the system has the name of one of its chip file's."""
+    """No link kind or component of the system has the name of one of its chip file's, and
+    no link kind the name of a derived kind (``KIND__xN``: N lanes of KIND, ``system``)."""
+    for name in doc["links"]:
+        if re.fullmatch(r".+__x\d+", name):
+            raise TopologyError(path, f"links.{name}", f"'{name}' is the name of a derived kind (N lanes of a link "
+                                "kind are 'KIND__xN'); give the link kind another name")
     for section in ("links", "components"):
         for name in doc[section]:
             if name in chip_doc[section]:
@@ -360,19 +366,25 @@ def _port(machine, node: str, way: str) -> str:
     return transit[0]
 
 
-def check_routing(doc: dict | None, graph, path: str) -> None:
-    """The ``[routing]`` section: a known policy, with what it needs."""
+def check_routing(doc: dict | None, graph, path: str, system: bool = False) -> None:
+    """The ``[routing]`` section: a known policy, with what it needs, and no field the policy
+    or the machine would ignore."""
     doc = doc or {}
     policy = doc.get("policy", "single")
     if policy not in POLICIES:
         raise TopologyError(path, "routing.policy", f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     kind = doc.get("port_kind")
-    if policy == "port-spray":
-        if kind is None:
-            raise TopologyError(path, "routing.port_kind", "policy 'port-spray' needs port_kind (the component "
-                                "kind of a chip's network ports, e.g. \"nic\")")
-        if not any(d["kind"] == kind for _, d in graph.nodes(data=True)):
+    if policy == "port-spray" and kind is None:
+        raise TopologyError(path, "routing.port_kind", "policy 'port-spray' needs port_kind (the component "
+                            "kind of a chip's network ports, e.g. \"nic\")")
+    if kind is not None:
+        nodes = [n for n, d in graph.nodes(data=True) if d["kind"] == kind]
+        if not nodes:
             raise TopologyError(path, "routing.port_kind", f"no node is of kind {kind!r}")
+        stop = next((n for n in nodes if not graph.nodes[n]["transit"]), None)
+        if stop is not None:
+            raise TopologyError(path, "routing.port_kind", f"{kind!r} is not a network port: no route passes "
+                                f"through its nodes ('{stop}' has transit = false)")
     if doc.get("adaptive") and policy == "single":
         raise TopologyError(path, "routing.adaptive", "adaptive spraying needs a spraying policy "
                             "('minimal-spray' or 'port-spray'), not 'single'")
@@ -380,3 +392,9 @@ def check_routing(doc: dict | None, graph, path: str) -> None:
     if relays > 1:
         raise TopologyError(path, "routing.relays", f"{relays}: a way between two chips crosses at most one "
                             "other chip (0 or 1)")
+    if relays and not system:
+        raise TopologyError(path, "routing.relays", f"{relays}: relay chips exist only on a system of chips; "
+                            "this machine is one chip (0)")
+    if relays and policy == "single":
+        raise TopologyError(path, "routing.relays", f"{relays}: a way through a relay chip needs a spraying "
+                            "policy ('minimal-spray' or 'port-spray'); 'single' takes the one route (0)")
