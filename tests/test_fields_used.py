@@ -85,3 +85,23 @@ def test_a_flit_exact_run_past_the_flit_budget_is_refused_before_any_work(capsys
     assert time.perf_counter() - t0 < 10.0                   # NOTE: it ran for minutes before it was refused
     assert "a flit-exact all_reduce of 1073741824 bytes over 256 members sends at least" in got["message"]
     assert "KBTORCH_MAX_FLITS" in got["message"]
+
+
+def _sweep(tmp_path, trays: str) -> str:
+    spec = tmp_path / "sw.toml"
+    spec.write_text(f'[sweep]\ntopology = "{SYSTEM}"\n[axes]\n"system.trays" = {trays}\n'
+                    '[workloads.a]\nop = "all_reduce"\nnbytes = 4096\ngroup = "across:chip"\n')
+    return str(spec)
+
+
+def test_a_sweep_takes_a_collective_across_chips(tmp_path):
+    from kbtorch.sweep.spec import load_spec
+    spec = load_spec(_sweep(tmp_path, "[1, 2]"))
+    assert [dict(p.params) for p in spec.points] == [{"nbytes": 4096, "group": "across:chip"}] * 2
+
+
+def test_a_sweep_axis_that_breaks_the_system_is_named(tmp_path):
+    from kbtorch.sweep.spec import SpecError, load_spec
+    with pytest.raises(SpecError, match=r"sw.toml: axes.system.trays: = 4 leaves switches.t1 at fault: a switch with "
+                                        "no uplink"):
+        load_spec(_sweep(tmp_path, "[2, 4]"))

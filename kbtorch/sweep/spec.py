@@ -345,9 +345,16 @@ def _overrides(topology: str, settings: list, path: str, field: str) -> tuple:
         entry = exc.entry if exc.path == tpath else CHIP_PREFIX + exc.entry
         exc = TopologyError(exc.path, entry, exc.message)
         hit = [d for d in out if entry == d or entry.startswith(d + ".") or entry.startswith(d + "[")]
-        name = by_path[hit[0]] if hit else exc.entry
-        where = f"{exc.entry}: " if hit and exc.entry != name else ""
-        raise SpecError(path, f"{field}.{name}", f"{where}{exc.message} (on topology '{shown}')") from None
+        if hit:
+            name = by_path[hit[0]]
+            where = f"{exc.entry}: " if exc.entry != name else ""
+            raise SpecError(path, f"{field}.{name}", f"{where}{exc.message} (on topology '{shown}')") from None
+        # NOTE: a fault elsewhere that the settings caused (a tray count leaving a switch tier
+        # without an uplink): named by the settings, then the entry at fault.
+        at = f"{field}.{settings[0][0].name}" if len(settings) == 1 else field
+        cause = f"= {settings[0][1]!r}" if len(settings) == 1 else \
+            "with " + ", ".join(f"{a.name} = {v!r}" for a, v in settings)
+        raise SpecError(path, at, f"{cause} leaves {exc.entry} at fault: {exc.message} (on topology '{shown}')") from None
     return tuple(sorted(out.items()))
 
 

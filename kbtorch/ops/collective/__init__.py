@@ -25,7 +25,7 @@ from .choice import estimates
 from .groups import resolve_group
 from .request import KINDS, OPS, CollectiveError, Request
 from .side_by_side import concurrent, concurrent_run, line_algo, on_groups, on_groups_run
-from .simulate import BUS_FACTOR, CollectiveRun, checked, collective
+from .simulate import BUS_FACTOR, CollectiveRun, checked, checked_across, collective
 
 __all__ = ["ALGOS", "BUS_FACTOR", "KINDS", "LINE_ALGOS", "CollectiveError", "CollectiveRun", "Request", "all_gather",
            "all_reduce", "all_to_all", "broadcast", "collective", "concurrent", "concurrent_run", "estimates",
@@ -83,9 +83,10 @@ def _timing(kind: str):
 def _check(kind: str):
     def check(machine=None, nbytes=1 << 20, group="all", op="sum", root=0, dtype="f16", packet_bytes=None,
               mode="auto", order="rank", **_) -> None:
-        """The timing-only run's checks before any work."""
-        checked(Request(kind, as_machine(machine), group=group, op=op, root=root, nbytes=nbytes, dtype=dtype,
-                        packet_bytes=packet_bytes, mode=mode, order=order))
+        """The timing-only run's checks before any work (one group, or units ``across:LEVEL``)."""
+        req = Request(kind, as_machine(machine), group=group, op=op, root=root, nbytes=nbytes, dtype=dtype,
+                      packet_bytes=packet_bytes, mode=mode, order=order)
+        (checked_across if isinstance(group, str) and group.startswith("across:") else checked)(req)
     return check
 
 

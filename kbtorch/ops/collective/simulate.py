@@ -197,10 +197,12 @@ def _one_group(req: Request) -> CollectiveRun:
     return _report(req, pes, built, result, mode, cands, outputs)
 
 
-def _across(req: Request) -> CollectiveRun:
-    """A collective whose members are the units of a level (``across:chip``): see ``units``."""
-    machine = req.machine
-    n = len(units.units(machine, units.parse(req.group)[0]))
+def checked_across(req: Request) -> tuple:
+    """The checks of a collective across units (``across:chip``) before any work -> (the
+    request with its bytes and dtype, units, level, lines, line sizes, PEs)."""
+    if req.kind not in KINDS:
+        raise CollectiveError(f"unknown collective '{req.kind}' (known: {', '.join(KINDS)})")
+    n = len(units.units(req.machine, units.parse(req.group)[0]))
     nbytes, dtype = _shards(req.kind, req.shards, n, req.nbytes, req.dtype)
     req = replace(req, nbytes=nbytes, dtype=dtype)
     _check_mode(req.mode)
@@ -209,6 +211,14 @@ def _across(req: Request) -> CollectiveRun:
     level, lines, sizes = units.lines_of(req)
     pes = tuple(p for line in lines for p in line)
     _check_members(req, pes, n, nbytes)
+    return req, n, level, lines, sizes, pes
+
+
+def _across(req: Request) -> CollectiveRun:
+    """A collective whose members are the units of a level (``across:chip``): see ``units``."""
+    machine = req.machine
+    req, n, level, lines, sizes, pes = checked_across(req)
+    nbytes = req.nbytes
     req, built, cands = _built(req, lines, sizes, f"{n} {level}s")
     mode = collective_mode(req.mode, machine, nbytes * len(pes), built.programs, built.busy)
     result = _simulated(req, built, mode, lambda r: build_lines(r, lines, sizes))
