@@ -105,3 +105,12 @@ def test_a_sweep_axis_that_breaks_the_system_is_named(tmp_path):
     with pytest.raises(SpecError, match=r"sw.toml: axes.system.trays: = 4 leaves switches.t1 at fault: a switch with "
                                         "no uplink"):
         load_spec(_sweep(tmp_path, "[2, 4]"))
+
+
+def test_a_sweep_names_the_chip_file_at_fault(tmp_path):
+    from kbtorch.sweep.spec import SpecError, load_spec
+    (tmp_path / "bad_chip.toml").write_text("not toml [[[\n")
+    (tmp_path / "s.toml").write_text(Path(SYSTEM).read_text().replace('chip = "tinychip.toml"', 'chip = "bad_chip.toml"'))
+    (tmp_path / "sw.toml").write_text(f'[sweep]\ntopology = "{tmp_path / "s.toml"}"\n[workloads.v]\nop = "vector"\nn = 4096\n')
+    with pytest.raises(SpecError, match=f"sweep.topology: .*its file {tmp_path / 'bad_chip.toml'}: not valid TOML"):
+        load_spec(str(tmp_path / "sw.toml"))

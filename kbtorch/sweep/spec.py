@@ -266,11 +266,15 @@ def _topology(value, path, field) -> str:
         raise SpecError(path, field, f"expected a topology name or path, got {value!r}")
     near = Path(path).resolve().parent / value
     name = str(near) if value.endswith(".toml") and near.exists() else value
+    tpath = None
     try:
-        resolve_doc(topology_path(name))
+        tpath = topology_path(name)
+        resolve_doc(tpath)
     except TopologyError as exc:
         where = "" if exc.entry in ("name", "file") else f"{exc.entry}: "
-        raise SpecError(path, field, f"'{value}': {where}{exc.message}") from None
+        # NOTE: a fault in a file the topology reads (a system's chip file) names that file.
+        inner = f"its file {exc.path}: " if tpath and exc.path and Path(exc.path).resolve() != Path(tpath).resolve() else ""
+        raise SpecError(path, field, f"'{value}': {inner}{where}{exc.message}") from None
     return name
 
 
