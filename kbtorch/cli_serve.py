@@ -49,6 +49,10 @@ def add_parser(sub, common) -> None:
     o.add_argument("--warmup", type=float, default=0.1, help="share of requests left out first")
     o.add_argument("--drain", type=float, default=0.1, help="share of requests left out last")
     o.add_argument("--csv", metavar="PATH", help="write one row per request")
+    o.add_argument("--capacity", action="store_true", help="search the highest --qps (the start, default 1) that "
+                   "meets every --slo: stable, nothing refused, each P99 within its limit")
+    o.add_argument("--tolerance", type=_RATE, default=0.02, help="--capacity: stop when the rates that met and "
+                   "failed are this close (relative)")
     p.set_defaults(func=_cmd_serve, needs_machine=False)
 
 
@@ -117,14 +121,35 @@ def _cmd_serve(args, machine):
     if args.csv:
         inputs = {args.workload_trace: "the workload trace the run reads", args.step_table: "the step table the run reads"}
         check_output(args.csv, "--csv", inputs, "requests")
-    wl = _workload(args, serve)
+    if args.capacity and (not slos or args.concurrency is not None):
+        raise ValueError("argument --capacity: needs at least one --slo" if not slos else
+                         "argument --capacity: searches an open-loop rate (--qps), not a closed loop (--concurrency)")
     model, blocks = _step_model(args, serve)
     limits = serve.SchedulerConfig(args.max_num_batched_tokens, args.max_num_seqs, args.chunk_tokens)
-    result = serve.run(wl, model, blocks, args.scheduler, limits, args.replicas, args.router, args.host_overhead_ns,
-                       args.block_tokens, not args.no_prefix_caching, slos, args.warmup, args.drain)
+
+    def serve_at(qps):
+        wl = _workload(argparse.Namespace(**{**vars(args), "qps": qps}) if qps is not None else args, serve)
+        return serve.run(wl, model, blocks, args.scheduler, limits, args.replicas, args.router, args.host_overhead_ns,
+                         args.block_tokens, not args.no_prefix_caching, slos, args.warmup, args.drain)
+    if args.capacity:
+        cap = serve.find_capacity(serve_at, slos, args.qps or 1.0, args.tolerance)
+        if args.csv and cap.best is not None:
+            cap.best.write_csv(args.csv)
+        return cap.to_json(), _capacity_text(cap)
+    result = serve_at(None)
     if args.csv:
         result.write_csv(args.csv)
     return result.to_json(), _text(result)
+
+
+def _capacity_text(cap) -> str:
+    lines = [f"  {t.qps:10.4f} req/s: {'meets the SLOs' if t.met else 'fails: ' + t.why}" for t in cap.trials]
+    head = (f"capacity: {cap.qps:.4f} req/s within the SLOs" if cap.qps is not None else
+            "capacity: no rate tried meets the SLOs")
+    tail = [f"first failing rate: {cap.failed_qps:.4f} req/s" if cap.failed_qps is not None else
+            "no failing rate found within the runs"]
+    best = [_text(cap.best)] if cap.best is not None else []
+    return "\n".join([head, *lines, *tail, *best])
 
 
 def _text(result) -> str:

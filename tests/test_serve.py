@@ -228,3 +228,29 @@ def test_result_is_frozen_and_json():
         r.replicas = 2
     out = r.to_json()
     assert out["metrics"]["completed"] == 8 and out["step_model"] == {"kind": "constant", "step_ns": 1e6}
+
+
+def test_capacity_of_one_server_is_below_its_service_rate():
+    """One request at a time, a deterministic step D (M/D/1): the mean wait rho D / (2 (1 - rho))
+    passes the service time D at rho = 2/3, where a run turns ``backlogged``; the search finds
+    that rate within its tolerance (and the sample's spread), every trial's verdict its own run's."""
+    step_s = 0.01
+
+    def serve_at(qps):
+        return serve.run(serve.synthetic(2000, qps=qps, input_tokens=1, output_tokens=1, seed=0),
+                         serve.ConstantStep(step_s * 1e9), kv_blocks=4, scheduler="static",
+                         limits=SchedulerConfig(max_num_seqs=1), slos={"ttft": "1s"})
+    cap = serve.find_capacity(serve_at, {"ttft": "1s"}, qps=10.0, tolerance=0.02)
+    assert 0.62 / step_s < cap.qps < cap.failed_qps < 0.71 / step_s, (cap.qps, cap.failed_qps)
+    assert cap.failed_qps / cap.qps - 1 <= 0.02 and cap.best.metrics["label"] == "stable"
+    for t in cap.trials:
+        assert t.met == serve.verdict(serve_at(t.qps).metrics, {"ttft": "1s"})[0] and (t.met or t.why)
+
+
+def test_capacity_refuses_what_it_cannot_search():
+    with pytest.raises(ValueError, match="at least one SLO"):
+        serve.find_capacity(lambda q: None, {})
+    with pytest.raises(ValueError, match="needs a unit"):
+        serve.find_capacity(lambda q: None, {"ttft": "2"})
+    with pytest.raises(ValueError, match="qps 0 must be > 0"):
+        serve.find_capacity(lambda q: None, {"ttft": "2s"}, qps=0)

@@ -36,7 +36,9 @@ def test_serve_text(capsys):
     (["--qps", "1", "--kv-blocks", "8", "--scheduler", "fifo"], "unknown policy 'fifo'"),
     (["--qps", "1", "--kv-blocks", "8", "--input-tokens", "zipf:1"], "is not N, uniform:LO:HI"),
     (["--qps", "1", "--kv-blocks", "8", "--step", "table"], "--step table needs a CSV"),
-    (["--qps", "1", "--kv-blocks", "0"], "must be a positive integer")])
+    (["--qps", "1", "--kv-blocks", "0"], "must be a positive integer"),
+    (["--qps", "1", "--kv-blocks", "8", "--capacity"], "argument --capacity: needs at least one --slo"),
+    (["--concurrency", "2", "--kv-blocks", "8", "--capacity", "--slo", "ttft=1s"], "not a closed loop")])
 def test_serve_bad_input(capsys, argv, message):
     assert main(["serve", "--requests", "4", *argv, "--json"]) == 2
     out = json.loads(capsys.readouterr().out)
@@ -77,3 +79,14 @@ def test_simulated_step_model(tiny_step):
     r = serve.run(serve.synthetic(30, 50.0, {"kind": "uniform", "low": 8, "high": 200}, 8), m, kv_blocks=256)
     assert r.metrics["completed"] == 24 and r.extra["step_model_error"] == err
     assert m.kv_bytes_per_token() > 0 and m.hbm_bytes() > m.weight_bytes() > 0
+
+
+def test_serve_capacity_json(capsys):
+    assert main(["serve", "--requests", "200", "--qps", "4", "--kv-blocks", "2048", "--step-ns", "2e7", "--slo", "ttft=2s",
+                 "--slo", "tpot=200ms", "--capacity", "--tolerance", "0.05", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    trials = out["trials"]
+    assert trials[0]["qps"] == 4 and out["capacity_qps"] == max(t["qps"] for t in trials if t["met"])
+    assert out["first_failing_qps"] == min(t["qps"] for t in trials if not t["met"])
+    assert out["first_failing_qps"] / out["capacity_qps"] - 1 <= 0.05
+    assert out["best"]["metrics"]["label"] == "stable"

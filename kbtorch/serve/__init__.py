@@ -6,6 +6,10 @@ replicas behind a router, each iteration timed by a step model (docs/model.md "S
                          output_tokens=128, seed=0)
     result = serve.run(wl, serve.ConstantStep(step_ns=20e6), kv_blocks=4096, slos={"ttft": "2s", "tpot": "200ms"})
     result.metrics["p99_ttft_ms"], result.metrics["label"]
+    cap = serve.find_capacity(lambda qps: serve.run(serve.synthetic(1000, qps, 512, 128, seed=0),
+                                                    serve.ConstantStep(step_ns=20e6), kv_blocks=4096,
+                                                    slos={"ttft": "2s"}), {"ttft": "2s"})
+    cap.qps                                    # the highest rate within the SLOs
 
 Layer: above the public API and ``kbtorch.models`` (tests/test_imports.py); it uses nothing else of kbtorch.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .capacity import Capacity, Trial, search as find_capacity, verdict
 from .kv import BLOCK_TOKENS, KVCache, block_key, capacity_blocks
 from .loop import ROUTERS, EngineConfig, RequestRecord, StepRecord, simulate
 from .metrics import compute, mlperf_p99, parse_slo, split, write_csv
@@ -83,7 +88,7 @@ def __getattr__(name):
     raise AttributeError(f"module kbtorch.serve has no attribute {name!r}")
 
 
-__all__ = ["BLOCK_TOKENS", "BatchEntry", "ConstantStep", "EngineConfig", "KVCache", "ROUTERS", "Request",
+__all__ = ["BLOCK_TOKENS", "BatchEntry", "Capacity", "Trial", "find_capacity", "verdict", "ConstantStep", "EngineConfig", "KVCache", "ROUTERS", "Request",
            "RequestRecord", "SCHEDULERS", "Scheduler", "SchedulerConfig", "ServeResult", "SimulatedStep", "StepRecord", "TableStep",
            "TraceError", "Workload", "arrivals", "azure", "block_key", "capacity_blocks", "compute", "lengths",
            "mlperf_p99", "mooncake", "parse_slo", "plain", "rescale", "run", "simulate", "synthetic", "trace"]
