@@ -108,7 +108,8 @@ def _triple(text: str) -> tuple[int, int, int]:
 _MAGIC = ((b"SQLite format 3\x00", "sqlite", "an SQLite database"), (b"PAR1", "parquet", "a Parquet file"),
           (b"\x89PNG", "png", "a PNG image"), (b"# start_ps", "trace", "an event trace"),
           (b"key,workload", "csv", "a CSV export of a sweep"), (b"| workload", "md", "a markdown export of a sweep"),
-          (b"id,replica,status", "requests", "a per-request CSV of kbtorch serve"))
+          (b"id,replica,status", "requests", "a per-request CSV of kbtorch serve"),
+          (b'{"traceEvents"', "chrome", "a Chrome trace"))
 
 
 def _file_kind(path: str) -> tuple[str, str]:

@@ -49,6 +49,8 @@ def add_parser(sub, common) -> None:
     o.add_argument("--warmup", type=float, default=0.1, help="share of requests left out first")
     o.add_argument("--drain", type=float, default=0.1, help="share of requests left out last")
     o.add_argument("--csv", metavar="PATH", help="write one row per request")
+    o.add_argument("--chrome-trace", metavar="PATH", help="write the run's steps, KV share, queue and requests as a "
+                   "Chrome/Perfetto trace (with --capacity: the run at the capacity)")
     o.add_argument("--capacity", action="store_true", help="search the highest --qps (the start, default 1) that "
                    "meets every --slo: stable, nothing refused, each P99 within its limit")
     o.add_argument("--tolerance", type=_RATE, default=0.02, help="--capacity: stop when the rates that met and "
@@ -118,9 +120,11 @@ def _cmd_serve(args, machine):
     slos = _slos(args.slo)
     for name, value in slos.items():
         serve.parse_slo(name, value)
+    inputs = {args.workload_trace: "the workload trace the run reads", args.step_table: "the step table the run reads"}
     if args.csv:
-        inputs = {args.workload_trace: "the workload trace the run reads", args.step_table: "the step table the run reads"}
         check_output(args.csv, "--csv", inputs, "requests")
+    if args.chrome_trace:
+        check_output(args.chrome_trace, "--chrome-trace", inputs, "chrome")
     if args.capacity and (not slos or args.concurrency is not None):
         raise ValueError("argument --capacity: needs at least one --slo" if not slos else
                          "argument --capacity: searches an open-loop rate (--qps), not a closed loop (--concurrency)")
@@ -133,13 +137,19 @@ def _cmd_serve(args, machine):
                          args.block_tokens, not args.no_prefix_caching, slos, args.warmup, args.drain)
     if args.capacity:
         cap = serve.find_capacity(serve_at, slos, args.qps or 1.0, args.tolerance)
-        if args.csv and cap.best is not None:
-            cap.best.write_csv(args.csv)
+        if cap.best is not None:
+            _write(args, cap.best)
         return cap.to_json(), _capacity_text(cap)
     result = serve_at(None)
+    _write(args, result)
+    return result.to_json(), _text(result)
+
+
+def _write(args, result) -> None:
     if args.csv:
         result.write_csv(args.csv)
-    return result.to_json(), _text(result)
+    if args.chrome_trace:
+        result.export_chrome_trace(args.chrome_trace)
 
 
 def _capacity_text(cap) -> str:

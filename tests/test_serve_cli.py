@@ -90,3 +90,21 @@ def test_serve_capacity_json(capsys):
     assert out["first_failing_qps"] == min(t["qps"] for t in trials if not t["met"])
     assert out["first_failing_qps"] / out["capacity_qps"] - 1 <= 0.05
     assert out["best"]["metrics"]["label"] == "stable"
+
+
+def test_serve_chrome_trace(tmp_path, capsys):
+    path = tmp_path / "serve.json"
+    assert main(["serve", "--requests", "30", "--qps", "5", "--kv-blocks", "512", "--replicas", "2",
+                 "--chrome-trace", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    events = json.loads(path.read_text())["traceEvents"]
+    steps = [e for e in events if e.get("cat") == "step"]
+    assert len(steps) == out["steps"] and {e["tid"] for e in steps} == {2, 3}
+    assert all(e["dur"] > 0 and e["args"]["seqs"] >= 1 for e in steps)
+    assert sum(e["ph"] == "C" for e in events) == len(steps)
+    assert sum(e["name"].startswith("request ") for e in events) == 30
+    assert main(["serve", "--requests", "30", "--qps", "5", "--kv-blocks", "512", "--chrome-trace", str(path)]) == 0
+    (tmp_path / "mine.txt").write_text("mine")                    # NOTE: another kind of file is never overwritten
+    assert main(["serve", "--requests", "3", "--qps", "5", "--kv-blocks", "8", "--chrome-trace",
+                 str(tmp_path / "mine.txt")]) == 2
+    assert (tmp_path / "mine.txt").read_text() == "mine"

@@ -61,6 +61,32 @@ class ServeResult:
     def write_csv(self, path: str) -> None:
         write_csv(path, self.requests, self.warmup, self.drain)
 
+    def export_chrome_trace(self, path: str) -> None:
+        """Chrome/Perfetto JSON of the run (times in us): on each replica's track its steps
+        (batch size, new tokens, prefills, KV blocks, waiting), counters of its KV share and
+        queue length, and on one track a request's span from arrival to its last token."""
+        import json
+        cap = self.engine.kv_blocks
+        events = []
+        for s in self.steps:
+            base = {"pid": 1, "tid": s.replica + 2, "ts": s.start_s * 1e6}
+            events.append(dict(base, ph="X", dur=(s.end_s - s.start_s) * 1e6, name=f"step: {s.seqs} seqs", cat="step",
+                               args={"seqs": s.seqs, "new_tokens": s.new_tokens, "prefill_seqs": s.prefill_seqs,
+                                     "kv_used_blocks": s.kv_used_blocks, "waiting": s.waiting, "running": s.running}))
+            events.append(dict(base, ph="C", name=f"replica {s.replica}",
+                               args={"kv_share": s.kv_used_blocks / cap, "waiting": s.waiting}))
+        for r in self.requests:
+            end = r.token_s[-1] if r.token_s else r.arrival_s
+            events.append({"pid": 1, "tid": 1, "ph": "X", "ts": r.arrival_s * 1e6, "dur": (end - r.arrival_s) * 1e6,
+                           "name": f"request {r.id}", "cat": r.status,
+                           "args": {"replica": r.replica, "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
+                                    "status": r.status, "reason": r.reason, "preemptions": r.preemptions}})
+        names = {1: "requests"} | {s.replica + 2: f"replica {s.replica}" for s in self.steps}
+        events += [{"ph": "M", "pid": 1, "tid": tid, "name": "thread_name", "args": {"name": n}}
+                   for tid, n in sorted(names.items())]
+        with open(path, "w") as fh:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)
+
 
 def run(workload: Workload, step_model, kv_blocks: int, scheduler: str = "vllm",
         limits: SchedulerConfig | None = None, replicas: int = 1, router: str = "round-robin",
