@@ -126,8 +126,7 @@ def _machine(args):
 def wants_json(argv: list) -> bool:
     """Whether ``argv`` asks for JSON: ``--json`` or an abbreviation argparse takes for it
     (``--js``), so an error is one JSON object whenever a success would be."""
-    words = [a for a in argv if a.startswith("--j") and len(a) > 3]
-    return any("--json".startswith(a) for a in words)
+    return any(len(a) > 3 and "--json".startswith(a) for a in argv)
 
 
 def report(exc: BaseException, as_json: bool, prog: str = "kbtorch") -> int:

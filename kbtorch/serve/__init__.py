@@ -15,6 +15,7 @@ Layer: above the public API and ``kbtorch.models`` (tests/test_imports.py); it u
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from .capacity import Capacity, Trial, search as find_capacity, verdict
@@ -65,7 +66,6 @@ class ServeResult:
         """Chrome/Perfetto JSON of the run (times in us): on each replica's track its steps
         (batch size, new tokens, prefills, KV blocks, waiting), counters of its KV share and
         queue length, and on one track a request's span from arrival to its last token."""
-        import json
         cap = self.engine.kv_blocks
         events = []
         for s in self.steps:
@@ -114,7 +114,8 @@ def __getattr__(name):
     raise AttributeError(f"module kbtorch.serve has no attribute {name!r}")
 
 
-__all__ = ["BLOCK_TOKENS", "BatchEntry", "Capacity", "Trial", "find_capacity", "verdict", "ConstantStep", "EngineConfig", "KVCache", "ROUTERS", "Request",
-           "RequestRecord", "SCHEDULERS", "Scheduler", "SchedulerConfig", "ServeResult", "SimulatedStep", "StepRecord", "TableStep",
-           "TraceError", "Workload", "arrivals", "azure", "block_key", "capacity_blocks", "compute", "lengths",
-           "mlperf_p99", "mooncake", "parse_slo", "plain", "rescale", "run", "simulate", "synthetic", "trace"]
+__all__ = ["BLOCK_TOKENS", "BatchEntry", "Capacity", "ConstantStep", "EngineConfig", "KVCache", "ROUTERS", "Request",
+           "RequestRecord", "SCHEDULERS", "Scheduler", "SchedulerConfig", "ServeResult", "SimulatedStep",
+           "StepRecord", "TableStep", "TraceError", "Trial", "Workload", "arrivals", "azure", "block_key",
+           "capacity_blocks", "compute", "find_capacity", "lengths", "mlperf_p99", "mooncake", "parse_slo", "plain",
+           "rescale", "run", "simulate", "synthetic", "trace", "verdict"]

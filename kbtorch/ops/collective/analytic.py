@@ -1,6 +1,6 @@
 """Analytic models of a collective, reported next to the simulated time.
 
-- ``resource_ps`` (from ``kbtorch.sim.resources``): the busy time every resource would
+- ``resource_ps`` (through the door, ``kernel.door.resource_ps``): the busy time every resource would
   need for the kernel's own traffic (each link: flits x flit time; each HBM slice: bursts
   x burst time / channels; each GEMM/MATH engine: its compute; each control processor:
   the issue cost of its commands).

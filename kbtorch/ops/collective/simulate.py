@@ -119,14 +119,18 @@ def checked(req: Request) -> tuple:
     """The checks before any work -> (PEs, bytes per member, dtype): kind, reduction, group,
     sizes, HBM capacity, root, order, mode and packet size."""
     kind, machine = req.kind, req.machine
-    if kind not in KINDS:
-        raise CollectiveError(f"unknown collective '{kind}' (known: {', '.join(KINDS)})")
+    _check_kind(req)
     if req.op not in OPS:
         raise CollectiveError(f"unknown reduction '{req.op}' (known: {', '.join(OPS)})")
     pes = resolve_group(machine, req.group)
     nbytes, dtype = _shards(kind, req.shards, len(pes), req.nbytes, req.dtype)
     _check_members(req, pes, len(pes), nbytes)
     return pes, nbytes, dtype
+
+
+def _check_kind(req: Request) -> None:
+    if req.kind not in KINDS:
+        raise CollectiveError(f"unknown collective '{req.kind}' (known: {', '.join(KINDS)})")
 
 
 def _check_members(req: Request, pes, members: int, nbytes: int) -> None:
@@ -200,8 +204,7 @@ def _one_group(req: Request) -> CollectiveRun:
 def checked_across(req: Request) -> tuple:
     """The checks of a collective across units (``across:chip``) before any work -> (the
     request with its bytes and dtype, units, level, lines, line sizes, PEs)."""
-    if req.kind not in KINDS:
-        raise CollectiveError(f"unknown collective '{req.kind}' (known: {', '.join(KINDS)})")
+    _check_kind(req)
     n = len(units.units(req.machine, units.parse(req.group)[0]))
     nbytes, dtype = _shards(req.kind, req.shards, n, req.nbytes, req.dtype)
     req = replace(req, nbytes=nbytes, dtype=dtype)
