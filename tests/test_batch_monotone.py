@@ -32,9 +32,6 @@ def test_eager_latency_never_falls_when_the_batch_grows():
     assert got == sorted(got), dict(zip(BATCHES, got))
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 45): at batch 1 the k and v GEMMs take 128 of the 256 PEs; "
-                   "the other 128 hear they are done by relayed IPCQ messages, which at batch 2 (every PE a "
-                   "GEMM PE) no kernel waits for: docs/model.md, Graph mode, 'Batch and latency'")
 def test_graph_latency_never_falls_when_the_batch_grows():
     got = _latencies(graph=True)
     assert got == sorted(got), dict(zip(BATCHES, got))

@@ -382,6 +382,6 @@ def signatures(graph, plan: Plan) -> list:
     """Per planned kernel, what it runs (its members' runs, its kind) and the kernels it
     depends on (indices in the plan): kernels that run the same and depend on their
     counterparts one block back, or on the same kernel (an input every block shares, such as
-    a model's rotary tables), mark a model's layers (``scheduler.period``)."""
+    a model's rotary tables), mark a model's layers (``periodic.period``)."""
     return [((tuple(id(graph.kernels[m].timed.result) for m in k.members), k.kernel), k.deps)
             for k in plan.kernels]

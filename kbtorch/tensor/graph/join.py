@@ -9,9 +9,14 @@ in the SDLA style of Maia 200 (no host round trip between kernels):
   kernels never share one;
 - on every PE, the last command of each engine a kernel uses raises ``"<k>.done"`` (a
   1-byte FETCH on that engine carries it when that command already raises two semaphores);
-- a kernel waits, on each PE, for each kernel it depends on: on the same PE through that
-  ``done`` semaphore (level: threshold = its engines there, no decrement); on a PE the
-  producer does not use, through one IPCQ message from one of the producer's PEs (a relay);
+- a kernel waits, on each PE, for ALL of each kernel it depends on (a barrier: the
+  producer's PEs on each chip report up a tree to the chip's first, which tells the
+  consumer's PEs there down a relay tree), since what it reads lies wherever the producer
+  wrote it; only where it reads on each PE what the producer's same PE wrote, or a whole
+  copy (``near``: a collective's result, a replicated pass, a pass over the same split),
+  it waits on the same PE through that ``done`` semaphore (level: threshold = its engines
+  there, no decrement), and on a PE the producer does not use, through one IPCQ message
+  from one of the producer's PEs (a relay);
 - the waits go on the first command of each engine the kernel uses on that PE, or, beyond
   the two waits a command takes, on 1-byte FETCH gates just before it on that engine.
 
@@ -130,11 +135,14 @@ def _gates(engine: str, waits: list, k: int, last=()) -> list:
     return [_gate(engine, waits[j:j + 2], last if j == n[-1] else (), label=f"kernel {k} gate") for j in n]
 
 
-def build(kernels: list, deps: list, machine, late: list | None = None) -> tuple[dict, int]:
+def build(kernels: list, deps: list, machine, late: list | None = None, near: list | None = None) -> tuple[dict, int]:
     """The joined programs ``{pe: [commands]}`` of ``kernels`` (each a ``{pe: [commands]}``)
     where kernel ``k`` depends on the kernels ``deps[k]`` (earlier ones), those of
     ``late[k]`` for its MATH engine only (a GEMM epilogue's operands); -> (programs,
-    commands)."""
+    commands). Of a dependency in ``near[k]`` (each PE reads only what the producer's
+    same PE wrote, or any one copy of a whole result) a PE waits for the producer's part on
+    itself, or hears of one by a relay; of any other, for ALL of the producer's PEs on its
+    chip: a barrier (``_Barriers``)."""
     programs: dict = {}
     engines: dict = {}          # (kernel, pe) -> engines raising its done semaphore there
     told: dict = {}             # kernel -> PEs it does not run on that know it is done
@@ -142,7 +150,7 @@ def build(kernels: list, deps: list, machine, late: list | None = None) -> tuple
     pes_of = []
 
     def put(src: int, d: int, cmd) -> None:
-        """A relay of kernel ``d`` from ``src``, right after the commands there of ``d`` and
+        """A message of kernel ``d`` from ``src``, right after the commands there of ``d`` and
         of the kernels issued before it. NOTE: not behind those of the kernels issued since,
         which may wait on their own inputs: the IPCQ queue is in order."""
         prog, marks = programs.setdefault(src, []), ends.setdefault(src, {})
@@ -152,30 +160,96 @@ def build(kernels: list, deps: list, machine, late: list | None = None) -> tuple
             if i >= at:
                 marks[x] = i + 1
 
+    barriers = _Barriers(put, engines, pes_of, machine)
     for k, prog in enumerate(kernels):
         pes = [pe for pe in sorted(prog) if prog[pe]]
         pes_of.append(pes)
         mine = [d for d in sorted(deps[k]) if pes_of[d]]
-        for d in mine:          # NOTE: relays first: before this kernel's commands on any PE
+        local = {d for d in mine if near and d in near[k]}
+        for d in mine:          # NOTE: messages first: before this kernel's commands on any PE
+            if d not in local:
+                barriers.tell(d, pes)
+                continue
             new = [q for q in pes if (d, q) not in engines and q not in told.setdefault(d, set())]
             if new:
                 _relay_tree(put, d, pes_of[d] + sorted(told[d]), new, engines, machine)
                 told[d].update(new)
         for pe in pes:
-            waits = [Wait(f"{d}.done", engines[(d, pe)], 0) if (d, pe) in engines else Wait(f"{d}.relay", 1, 0)
-                     for d in mine]
-            lates = [w for d, w in zip(mine, waits) if late and d in late[k]]
+            waits = {d: ((Wait(f"{d}.done", engines[(d, pe)], 0) if (d, pe) in engines else Wait(f"{d}.relay", 1, 0)),)
+                     if d in local else barriers.knows[d][pe] for d in mine}
+            lates = [w for d in mine if late and d in late[k] for w in waits[d]]
+            early = [w for d in mine if not (late and d in late[k]) for w in waits[d]]
             cmds = [_rename(c, f"{k}.") for c in prog[pe]]
             cmds, engines[(k, pe)] = _finish_signals(cmds, k)
-            programs.setdefault(pe, []).extend(_gated(cmds, [w for w in waits if w not in lates], k, lates))
+            programs.setdefault(pe, []).extend(_gated(cmds, early, k, lates))
             ends.setdefault(pe, {})[k] = len(programs[pe])
     return programs, sum(len(v) for v in programs.values())
 
 
-
-
 #: PEs each PE tells that a kernel is done, in a relay tree.
 FANOUT = 4
+
+
+class _Barriers:
+    """All of a kernel done, as its dependents hear it: on each chip its PEs report up a tree
+    (``FANOUT`` children a PE, ``"<d>.up"``) to the chip's first, which then knows its chip
+    is done and tells the dependents' PEs there down a relay tree (``"<d>.all"``); a chip
+    where it ran on no PE hears from every chip it ran on. ``knows[d][pe]``: the waits after
+    which ``pe`` knows it.
+
+    NOTE: what a kernel reads of its producer's result lies anywhere the producer wrote it
+    (a GEMM's output tiles over all its PEs, read whole by a pass on every PE): the
+    consumer waits for all of it, as a kernel boundary does in eager mode. One barrier
+    serves every dependent of a kernel."""
+
+    def __init__(self, put, engines: dict, pes_of: list, machine):
+        self.put, self.engines, self.pes_of, self.machine = put, engines, pes_of, machine
+        self.knows: dict = {}
+        self.roots: dict = {}       # d -> {chip: root PE}
+
+    def tell(self, d: int, pes: list) -> None:
+        if d not in self.knows:
+            self._gather(d)
+        knows, chip_of = self.knows[d], self.machine.chip_of
+        new: dict = {}
+        for q in pes:
+            if q not in knows:
+                new.setdefault(chip_of(q), []).append(q)
+        for chip, targets in sorted(new.items()):
+            if chip not in self.roots[d]:       # NOTE: every chip it ran on tells this one
+                first, roots = targets.pop(0), sorted(self.roots[d].values())
+                for r in roots:
+                    self._send(r, d, first, "all")
+                knows[first] = (Wait(f"{d}.all", len(roots), 0),)
+            told = [pe for pe in sorted(knows) if chip_of(pe) == chip]
+            i = 0
+            while targets:
+                src = told[i]
+                for q in targets[:FANOUT]:
+                    self._send(src, d, q, "all")
+                    knows[q] = (Wait(f"{d}.all", 1, 0),)
+                    told.append(q)
+                targets, i = targets[FANOUT:], i + 1
+
+    def _gather(self, d: int) -> None:
+        chips: dict = {}
+        for pe in self.pes_of[d]:
+            chips.setdefault(self.machine.chip_of(pe), []).append(pe)
+        self.knows[d], self.roots[d] = {}, {}
+        for chip, pes in chips.items():
+            for i, pe in enumerate(pes):
+                children = len(pes[FANOUT * i + 1:FANOUT * i + FANOUT + 1])
+                waits = (Wait(f"{d}.done", self.engines[(d, pe)], 0),)
+                waits += (Wait(f"{d}.up", children, 0),) if children else ()
+                if i:
+                    self.put(pe, d, Send(dst_pe=pes[(i - 1) // FANOUT], sem=f"{d}.up", waits=waits,
+                                         label=f"kernel {d} done here and below: tell PE {pes[(i - 1) // FANOUT]}"))
+                else:
+                    self.knows[d][pe], self.roots[d][chip] = waits, pe
+
+    def _send(self, src: int, d: int, dst: int, sem: str) -> None:
+        self.put(src, d, Send(dst_pe=dst, sem=f"{d}.{sem}", waits=self.knows[d][src],
+                              label=f"kernel {d} done everywhere: tell PE {dst}"))
 
 
 def _relay_tree(put, d: int, sources: list, targets: list, engines: dict, machine) -> None:
@@ -228,7 +302,7 @@ def issue_order(deps: list, est_ps: list) -> list[int]:
 
 
 def simulate(kernels: list, deps: list, machine, mode: str = "auto", late: list | None = None,
-             est_ps: list | None = None) -> Scheduled:
+             est_ps: list | None = None, near: list | None = None) -> Scheduled:
     """Build the joined programs, issued in ``issue_order`` (program order without
     ``est_ps``), and run them in one simulation (symmetry-reduced where the machine's units
     allow); -> ``Scheduled`` (in the given order)."""
@@ -236,12 +310,13 @@ def simulate(kernels: list, deps: list, machine, mode: str = "auto", late: list 
         order = issue_order(deps, est_ps)
         if order != list(range(len(kernels))):
             at = {k: i for i, k in enumerate(order)}
-            run = simulate([kernels[k] for k in order], [frozenset(at[d] for d in deps[k]) for k in order], machine,
-                           mode, [frozenset(at[d] for d in late[k]) for k in order] if late else None)
+            def moved(sets):
+                return [frozenset(at[d] for d in sets[k]) for k in order] if sets else None
+            run = simulate([kernels[k] for k in order], moved(deps), machine, mode, moved(late), near=moved(near))
             back = [at[k] for k in range(len(kernels))]
             return Scheduled(run.result, tuple(run.ready_ps[i] for i in back), tuple(run.finish_ps[i] for i in back),
                              run.commands)
-    programs, commands = build(kernels, deps, machine, late)
+    programs, commands = build(kernels, deps, machine, late, near)
     mode = graph_mode(mode, commands)
     red = symmetry.reduce(machine, programs)
     finish = []
@@ -255,94 +330,6 @@ def simulate(kernels: list, deps: list, machine, mode: str = "auto", late: list 
     first = min((machine.launch_ps(pe) for pe in programs), default=0)
     ready = [max((finish[d] for d in deps[k]), default=first) for k in range(len(kernels))]
     return Scheduled(result, tuple(ready), tuple(finish), commands)
-
-
-#: Repeats of a periodic graph simulated in full (the rest follow at the measured period).
-REPEATS_SIMULATED = 3
-#: Fewest repeats for the periodic shortcut.
-REPEATS_MIN = 5
-
-
-@dataclass(frozen=True)
-class Period:
-    """A run of ``count`` identical blocks of ``length`` kernels from kernel ``start``."""
-
-    start: int
-    length: int
-    count: int
-
-
-def same(signatures: list, i: int, p: int) -> bool:
-    """Whether kernel ``i + p`` repeats kernel ``i`` one block of ``p`` kernels on: it runs
-    the same and each of its dependencies is the counterpart of one of ``i``'s one block on,
-    or the very same kernel (an input shared by every block)."""
-    (what, deps), (what2, deps2) = signatures[i], signatures[i + p]
-    if what != what2 or len(deps) != len(deps2):
-        return False
-    return all(d + p in deps2 or d in deps2 for d in deps)
-
-
-def period(signatures: list) -> Period | None:
-    """The repeated block covering most kernels (a model's layers), or None.
-
-    ``signatures``: per kernel, (what it runs, the kernels it depends on) (``fusion``'s)."""
-    n, best = len(signatures), None
-    for p in range(1, n // REPEATS_MIN + 1):
-        i = 0
-        while i + p < n:
-            if not same(signatures, i, p):
-                i += 1
-                continue
-            j = i
-            while j + p < n and same(signatures, j, p):
-                j += 1
-            count = (j - i) // p + 1
-            if count >= REPEATS_MIN and (best is None or count * p > best.count * best.length):
-                best = Period(i, p, count)
-            i = j + 1
-    return best
-
-
-def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str = "auto",
-                      late: list | None = None, est_ps: list | None = None) -> Scheduled:
-    """A graph of ``per.count`` identical blocks: the prefix, ``REPEATS_SIMULATED`` blocks and
-    the suffix simulated together in ONE run; the other blocks follow at the period the run
-    measured between its last two blocks (their spans are the last block's, shifted).
-
-    NOTE: a steady state: block i+1 starts as block i drains, the same in every block once
-    the pipeline is full; the shortcut is exact when the simulated blocks already repeat."""
-    k = REPEATS_SIMULATED
-    cut, resume = per.start + k * per.length, per.start + per.count * per.length
-
-    keep = list(range(cut)) + list(range(resume, len(kernels)))
-    sub = [frozenset(_fold(d, per, cut, resume) for d in deps[i]) for i in keep]
-    sub_late = [frozenset(_fold(d, per, cut, resume) for d in late[i]) for i in keep] if late else None
-    run = simulate([kernels[i] for i in keep], sub, machine, mode, sub_late,
-                   [est_ps[i] for i in keep] if est_ps else None)
-    last = range(per.start + (k - 1) * per.length, cut)
-    prev = range(per.start + (k - 2) * per.length, per.start + (k - 1) * per.length)
-    step = max(run.finish_ps[i] for i in last) - max(run.finish_ps[i] for i in prev)
-    extra = (per.count - k) * step
-    ready, finish = list(run.ready_ps[:cut]), list(run.finish_ps[:cut])
-    for b in range(k, per.count):
-        shift = (b - k + 1) * step
-        ready += [run.ready_ps[i] + shift for i in last]
-        finish += [run.finish_ps[i] + shift for i in last]
-    ready += [t + extra for t in run.ready_ps[cut:]]
-    finish += [t + extra for t in run.finish_ps[cut:]]
-    run.result.latency_ps += extra
-    run.result.extrapolated = (per, step)
-    return Scheduled(run.result, tuple(ready), tuple(finish), run.commands)
-
-
-def _fold(d: int, per: Period, cut: int, resume: int) -> int:
-    """Kernel ``d`` of the full graph as a kernel of the shortened one: a skipped block's
-    kernel as its counterpart in the last simulated block; the suffix moved up."""
-    if d < cut:
-        return d
-    if d >= resume:
-        return d - (resume - cut)
-    return cut - per.length + (d - per.start) % per.length
 
 
 def retime(sched: Scheduled, deps: list, delta_ps: list) -> Scheduled:

@@ -14,7 +14,7 @@ Every pass reads only what each kernel declares (the op contract: ``Timed``, ``T
 """
 from __future__ import annotations
 
-from . import fusion, join, overlap, shared_copies
+from . import fusion, join, overlap, periodic, shared_copies
 
 #: The rewrites applied to the fused plan, in order: (name, whether it applies to a graph,
 #: ``rewrite(graph, plan) -> plan``).
@@ -41,7 +41,31 @@ def schedule(graph, plan, machine):
     late = [k.late for k in plan.kernels]
     est = [sum(graph.kernels[m].timed.result.latency_ps for m in k.members) for k in plan.kernels] \
         if graph.order == "ready" else None
-    per = join.period(fusion.signatures(graph, plan)) if graph.periodic else None
+    near = [frozenset(d for d in k.deps if _near(graph, plan.kernels[d], k)) for k in plan.kernels]
+    per = periodic.period(fusion.signatures(graph, plan)) if graph.periodic else None
     if per:
-        return join.simulate_periodic(progs, deps, machine, per, graph.mode, late, est)
-    return join.simulate(progs, deps, machine, graph.mode, late, est)
+        return periodic.simulate_periodic(progs, deps, machine, per, graph.mode, late, est, near)
+    return join.simulate(progs, deps, machine, graph.mode, late, est, near)
+
+
+def _vector_of(graph, k):
+    """The vector pass a planned kernel runs (fused or alone), or None."""
+    return k.vector or (getattr(graph.kernels[k.members[0]].timed.result, "vector", None)
+                        if len(k.members) == 1 else None)
+
+
+def _near(graph, d, k) -> bool:
+    """Whether kernel ``k`` reads of kernel ``d``'s result on each PE only what ``d`` wrote on
+    that PE, or a whole copy any one of its PEs holds (``join.build``'s ``near``): ``d`` a
+    collective or a shared-copy barrier (each member holds its own result), a replicated
+    vector pass (each PE the whole), or a vector pass over the PEs and split ``k``'s own
+    vector pass takes. Anything else (a GEMM's tiles, attention's heads, a pass feeding a
+    GEMM) waits for all of ``d`` (a barrier)."""
+    if graph.kernels[d.members[0]].timed.groups or d.kernel.endswith("(shared copy)"):
+        return True
+    vd, vk = _vector_of(graph, d), _vector_of(graph, k)
+    if vd is None or d.programs.keys() != {pe for pe in vd.pes}:
+        return False
+    if vd.copies == len(vd.pes):
+        return True
+    return vk is not None and (vk.pes, vk.copies, vk.n) == (vd.pes, vd.copies, round(vd.n * vd.out_ratio))

@@ -1,0 +1,98 @@
+"""Periodic graphs: a model's layers, the same block of kernels repeating, simulated with
+three repeats in one run and the rest following at the period that run measured
+(docs/model.md, Graph mode, "Periodic graphs")."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .join import Scheduled, simulate
+
+
+#: Repeats of a periodic graph simulated in full (the rest follow at the measured period).
+REPEATS_SIMULATED = 3
+#: Fewest repeats for the periodic shortcut.
+REPEATS_MIN = 5
+
+
+@dataclass(frozen=True)
+class Period:
+    """A run of ``count`` identical blocks of ``length`` kernels from kernel ``start``."""
+
+    start: int
+    length: int
+    count: int
+
+
+def same(signatures: list, i: int, p: int) -> bool:
+    """Whether kernel ``i + p`` repeats kernel ``i`` one block of ``p`` kernels on: it runs
+    the same and each of its dependencies is the counterpart of one of ``i``'s one block on,
+    or the very same kernel (an input shared by every block)."""
+    (what, deps), (what2, deps2) = signatures[i], signatures[i + p]
+    if what != what2 or len(deps) != len(deps2):
+        return False
+    return all(d + p in deps2 or d in deps2 for d in deps)
+
+
+def period(signatures: list) -> Period | None:
+    """The repeated block covering most kernels (a model's layers), or None.
+
+    ``signatures``: per kernel, (what it runs, the kernels it depends on) (``fusion``'s)."""
+    n, best = len(signatures), None
+    for p in range(1, n // REPEATS_MIN + 1):
+        i = 0
+        while i + p < n:
+            if not same(signatures, i, p):
+                i += 1
+                continue
+            j = i
+            while j + p < n and same(signatures, j, p):
+                j += 1
+            count = (j - i) // p + 1
+            if count >= REPEATS_MIN and (best is None or count * p > best.count * best.length):
+                best = Period(i, p, count)
+            i = j + 1
+    return best
+
+
+def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str = "auto",
+                      late: list | None = None, est_ps: list | None = None,
+                      near: list | None = None) -> Scheduled:
+    """A graph of ``per.count`` identical blocks: the prefix, ``REPEATS_SIMULATED`` blocks and
+    the suffix simulated together in ONE run; the other blocks follow at the period the run
+    measured between its last two blocks (their spans are the last block's, shifted).
+
+    NOTE: a steady state: block i+1 starts as block i drains, the same in every block once
+    the pipeline is full; the shortcut is exact when the simulated blocks already repeat."""
+    k = REPEATS_SIMULATED
+    cut, resume = per.start + k * per.length, per.start + per.count * per.length
+
+    keep = list(range(cut)) + list(range(resume, len(kernels)))
+    sub = [frozenset(_fold(d, per, cut, resume) for d in deps[i]) for i in keep]
+    sub_late = [frozenset(_fold(d, per, cut, resume) for d in late[i]) for i in keep] if late else None
+    run = simulate([kernels[i] for i in keep], sub, machine, mode, sub_late,
+                   [est_ps[i] for i in keep] if est_ps else None,
+                   [frozenset(_fold(d, per, cut, resume) for d in near[i]) for i in keep] if near else None)
+    last = range(per.start + (k - 1) * per.length, cut)
+    prev = range(per.start + (k - 2) * per.length, per.start + (k - 1) * per.length)
+    step = max(run.finish_ps[i] for i in last) - max(run.finish_ps[i] for i in prev)
+    extra = (per.count - k) * step
+    ready, finish = list(run.ready_ps[:cut]), list(run.finish_ps[:cut])
+    for b in range(k, per.count):
+        shift = (b - k + 1) * step
+        ready += [run.ready_ps[i] + shift for i in last]
+        finish += [run.finish_ps[i] + shift for i in last]
+    ready += [t + extra for t in run.ready_ps[cut:]]
+    finish += [t + extra for t in run.finish_ps[cut:]]
+    run.result.latency_ps += extra
+    run.result.extrapolated = (per, step)
+    return Scheduled(run.result, tuple(ready), tuple(finish), run.commands)
+
+
+def _fold(d: int, per: Period, cut: int, resume: int) -> int:
+    """Kernel ``d`` of the full graph as a kernel of the shortened one: a skipped block's
+    kernel as its counterpart in the last simulated block; the suffix moved up."""
+    if d < cut:
+        return d
+    if d >= resume:
+        return d - (resume - cut)
+    return cut - per.length + (d - per.start) % per.length
