@@ -206,11 +206,12 @@ class _Barriers:
         self.put, self.engines, self.pes_of, self.machine = put, engines, pes_of, machine
         self.knows: dict = {}
         self.roots: dict = {}       # d -> {chip: root PE}
+        self.knowing: dict = {}     # d -> {chip: PEs there in knows[d]}
 
     def tell(self, d: int, pes: list) -> None:
         if d not in self.knows:
             self._gather(d)
-        knows, chip_of = self.knows[d], self.machine.chip_of
+        knows, knowing, chip_of = self.knows[d], self.knowing[d], self.machine.chip_of
         new: dict = {}
         for q in pes:
             if q not in knows:
@@ -221,7 +222,8 @@ class _Barriers:
                 for r in roots:
                     self._send(r, d, first, "all")
                 knows[first] = (Wait(f"{d}.all", len(roots), 0),)
-            told = [pe for pe in sorted(knows) if chip_of(pe) == chip]
+                knowing[chip] = {first}
+            told = sorted(knowing[chip])
             i = 0
             while targets:
                 src = told[i]
@@ -229,13 +231,14 @@ class _Barriers:
                     self._send(src, d, q, "all")
                     knows[q] = (Wait(f"{d}.all", 1, 0),)
                     told.append(q)
+                    knowing[chip].add(q)
                 targets, i = targets[FANOUT:], i + 1
 
     def _gather(self, d: int) -> None:
         chips: dict = {}
         for pe in self.pes_of[d]:
             chips.setdefault(self.machine.chip_of(pe), []).append(pe)
-        self.knows[d], self.roots[d] = {}, {}
+        self.knows[d], self.roots[d], self.knowing[d] = {}, {}, {}
         for chip, pes in chips.items():
             for i, pe in enumerate(pes):
                 children = len(pes[FANOUT * i + 1:FANOUT * i + FANOUT + 1])
@@ -245,7 +248,7 @@ class _Barriers:
                     self.put(pe, d, Send(dst_pe=pes[(i - 1) // FANOUT], sem=f"{d}.up", waits=waits,
                                          label=f"kernel {d} done here and below: tell PE {pes[(i - 1) // FANOUT]}"))
                 else:
-                    self.knows[d][pe], self.roots[d][chip] = waits, pe
+                    self.knows[d][pe], self.roots[d][chip], self.knowing[d][chip] = waits, pe, {pe}
 
     def _send(self, src: int, d: int, dst: int, sem: str) -> None:
         self.put(src, d, Send(dst_pe=dst, sem=f"{d}.{sem}", waits=self.knows[d][src],

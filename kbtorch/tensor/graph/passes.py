@@ -64,7 +64,7 @@ def _near(graph, d, k) -> bool:
     if graph.kernels[d.members[0]].timed.groups or d.kernel.endswith("(shared copy)"):
         return True
     vd, vk = _vector_of(graph, d), _vector_of(graph, k)
-    if vd is None or d.programs.keys() != {pe for pe in vd.pes}:
+    if vd is None or d.programs.keys() != set(vd.pes):
         return False
     if vd.copies == len(vd.pes):
         return True
