@@ -81,6 +81,9 @@ def test_bad_mesh_and_a_model_without_experts_are_refused():
     mixed = kbtorch.Mesh(tuple(range(16)), (2, 8))
     with pytest.raises(ValueError, match="mesh row 0"):
         expert_parallel(build("tiny-mixtral")[0], mixed)
+    one_chip = kbtorch.Mesh(chip_mesh().pes[:chip_mesh().shape[1]], (1, chip_mesh().shape[1]))
+    with pytest.raises(ValueError, match=r"has 1 chip; .*at least 2 chips"):
+        expert_parallel(build("tiny-mixtral")[0], one_chip)
     twice = expert_parallel(build("tiny-mixtral")[0], chip_mesh())
     with pytest.raises(ValueError, match="already expert parallel"):
         expert_parallel(twice, chip_mesh())

@@ -79,6 +79,10 @@ class ExpertParallel(ParallelStyle):
 
     def apply(self, model: torch.nn.Module, mesh: Mesh) -> torch.nn.Module:
         rows = chip_rows(mesh, "expert_parallel")
+        if len(rows) < 2:
+            raise ValueError(f"expert_parallel: mesh {mesh.shape} on topology '{mesh.machine.name}' has "
+                             f"{len(rows)} chip; expert parallelism spreads the experts over at least 2 chips "
+                             f"(kbtorch.chip_mesh() on a system)")
         found = expert_modules(model)
         if not found:
             raise ValueError(f"expert_parallel: {type(model).__name__} has no experts module (a module with 3-D "
