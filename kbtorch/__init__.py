@@ -13,6 +13,7 @@ from .tensor.hbm import HbmFull, check_hbm, hbm_peaks, reset_hbm_peaks
 from .tensor.parallel.expert_parallel import ExpertParallel, expert_parallel
 from .tensor.parallel.pipeline_parallel import PipelineParallel, pipeline_parallel
 from .tensor.parallel.plan import ParallelStyle, parallelize_module
+from .tensor.parallel.transfer import chip_transfer_ns
 from .tensor.parallel.tensor_parallel import ColwiseParallel, ReplicateParallel, RowwiseParallel, tp_plan
 from .tensor.placement.mesh import Mesh, chip_mesh, init_device_mesh, replica
 from .tensor.placement.spec import Partial, Replicate, Shard, default_spec, home
@@ -24,6 +25,6 @@ _register()
 _compile.listen_for_breaks()
 
 __all__ = ["graph", "graphed", "ColwiseParallel", "ExpertParallel", "HbmFull", "Mesh", "ParallelStyle", "Partial",
-           "PipelineParallel", "Replicate", "ReplicateParallel", "RowwiseParallel", "Shard", "check_hbm", "chip_mesh", "current_machine", "default_spec", "distribute_tensor",
+           "PipelineParallel", "Replicate", "ReplicateParallel", "RowwiseParallel", "Shard", "check_hbm", "chip_mesh", "chip_transfer_ns", "current_machine", "default_spec", "distribute_tensor",
            "expert_parallel", "hbm_peaks", "home", "init_device_mesh", "parallelize_module", "pipeline_parallel", "profile",
            "replica", "reset", "reset_hbm_peaks", "timing_only", "tp_plan", "use", "use_fidelity"]

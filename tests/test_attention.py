@@ -154,3 +154,12 @@ def test_on_several_chips_each_chip_takes_its_own_kv_heads(lq, causal):
     assert len({sum(1 for w in works if system.chip_of(w.pe) == c) for c in range(4)}) == 1
     assert torch.allclose(run.out, F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True),
                           atol=1e-5)
+
+
+def test_decode_ring_that_overflows_the_tcm_takes_the_slots():
+    """Qwen2.5-7B decode of 32 requests at 2049 positions on maia200: the ring of chunk buffers
+    fits RING_BYTES but not the TCM beside the other buffers, so the kernel takes KV_SLOTS (it
+    was refused and ran the unfused fallback); its time lies between 1025 and 4097 positions."""
+    maia = load_machine("maia200")
+    lat = [attention(shape=(32, 28, 4, 1, lk, 128), dtype="bf16", machine=maia).latency_ns for lk in (1025, 2049, 4097)]
+    assert lat[0] < lat[1] < lat[2]

@@ -59,22 +59,29 @@ def test_serve_csv_never_overwrites_its_trace(capsys, tmp_path):
 @pytest.fixture(scope="module")
 def tiny_step():
     pytest.importorskip("transformers")
-    grid = ((1, 1, 64), (4, 1, 64), (1, 1, 512), (4, 1, 512), (1, 32, 0), (1, 128, 0), (2, 32, 64))
-    return serve.SimulatedStep("tiny-qwen2", TINY, grid=grid, held_out=((2, 1, 256), (1, 64, 0)))
+    return serve.SimulatedStep("tiny-qwen2", TINY, held_out=((3, 1, 200), (1, 48, 0)))
 
 
 def test_simulated_step_model(tiny_step):
-    """Decode time grows with context; a memoized shape answers from the memo; the fit's
-    error on held-out shapes is reported; the machine's digest keys the memo."""
+    """Decode time grows with context; a batch on grid points is its simulated shape; between
+    them the table interpolates linearly over simulated corners, each simulated once; a chunk
+    beside decodes adds what the decodes' context costs; the held-out error is reported; the
+    machine's digest keys the memo."""
     m = tiny_step
-    assert m.shape_ns(1, 1, 512) > m.shape_ns(1, 1, 64) > 0
+    assert m.shape_ns(1, 1, 512) > m.shape_ns(1, 1, 128) > 0
     done = m.simulated
     batch = tuple(serve.BatchEntry(i, 1, 512, False) for i in range(4))
-    assert m.step_ns_of(batch) == m.shape_ns(4, 1, 512) and m.simulated == done
-    mixed = tuple(serve.BatchEntry(i, 1, 100 * i, False) for i in range(1, 4))   # mean context 200: simulated
-    assert m.step_ns_of(mixed) == m.shape_ns(3, 1, 200) and m.simulated == done + 1
+    assert m.step_ns_of(batch) == m.shape_ns(4, 1, 512)
+    mixed = tuple(serve.BatchEntry(i, 1, 100 * i, False) for i in range(1, 4))   # 3 rows, mean context 200
+    want = sum(wr * wc * m.shape_ns(r, 1, c) for r, wr in ((2, 0.5), (4, 0.5)) for c, wc in ((128, 0.4375), (256, 0.5625)))
+    assert m.step_ns_of(mixed) == pytest.approx(want, rel=1e-12)
+    assert m.simulated <= done + 4
+    chunk = (serve.BatchEntry(9, 64, 0, True),)
+    assert m.step_ns_of(chunk + mixed) == pytest.approx(
+        m.prefill_ns(67, 0) + m.decode_ns(3, 200) - m.decode_ns(3, 0), rel=1e-12)
+    assert m.step_ns_of(chunk + mixed) > m.step_ns_of(chunk)
     err = m.error()
-    assert err["held_out_shapes"] == 2 and err["median_rel_error"] >= 0
+    assert err["held_out_shapes"] == 2 and 0 <= err["median_rel_error"] < 0.5
     assert m.describe()["machine_digest"] == m.machine.digest
     r = serve.run(serve.synthetic(30, 50.0, {"kind": "uniform", "low": 8, "high": 200}, 8), m, kv_blocks=256)
     assert r.metrics["completed"] == 24 and r.extra["step_model_error"] == err

@@ -5,7 +5,8 @@ step over four engines (sizes in bytes and flops, composite fields per tile):
 
 - DMA read: an item's first chunk comes with its Q rows in one read into one of two head
   slots; every other chunk is one contiguous read into a ring of chunk buffers (one slot
-  per chunk when they fit in ``RING_BYTES``, else ``KV_SLOTS``);
+  per chunk when they fit in ``RING_BYTES`` and, beside the other buffers, the TCM; else
+  ``KV_SLOTS``);
 - GEMM: ``QK(x)``, a composite per run of equal tiles (FETCH Q and a K tile -> S = Q K^T ->
   STORE S, fp32), and ``PV(x)`` (FETCH P and a V tile -> accumulate over the chunk -> STORE
   the chunk's output, fp32) into one of ``OPARTS`` slots;
@@ -96,6 +97,10 @@ class AttentionLayout:
                       "kv": self.slots * keys * self.key_bytes, "s": 2 * self.rows * keys * ACC_BYTES,
                       "p": 2 * self.rows * keys * eb, "opart": OPARTS * self.partial, "oacc": self.partial,
                       "out": 2 * self.rows * d * eb}
+        if self.slots != KV_SLOTS and self.tcm_bytes() > machine.capacity("tcm", work.pe):
+            # NOTE: a ring within RING_BYTES may still not fit beside the other buffers: then the slots.
+            self.slots = KV_SLOTS
+            self.sizes["kv"] = KV_SLOTS * keys * self.key_bytes
 
     def tcm_bytes(self) -> int:
         return sum(tcm_align(self.machine, self.pe, n) for n in self.sizes.values() if n)

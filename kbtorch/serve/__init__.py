@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 from .capacity import Capacity, Trial, search as find_capacity, verdict
 from .kv import BLOCK_TOKENS, KVCache, block_key, capacity_blocks
-from .loop import ROUTERS, EngineConfig, RequestRecord, StepRecord, simulate
+from .loop import ROUTERS, Disaggregation, EngineConfig, RequestRecord, StepRecord, simulate
 from .metrics import compute, mlperf_p99, parse_slo, split, write_csv
 from .scheduler import SCHEDULERS, BatchEntry, Scheduler, SchedulerConfig
-from .steps import ConstantStep, TableStep
+from .steps import ConstantStep, LinkTransfer, TableStep
 from .workloads import Request, TraceError, Workload, arrivals, azure, lengths, mooncake, plain, rescale, synthetic, trace
 
 
@@ -42,6 +42,7 @@ class ServeResult:
     warmup: float = 0.1
     drain: float = 0.1
     extra: dict = field(default_factory=dict)
+    transfers: tuple = ()
 
     def timeline(self) -> list:
         """(start_s, replica, KV share held, waiting requests) of every step."""
@@ -91,19 +92,31 @@ class ServeResult:
 def run(workload: Workload, step_model, kv_blocks: int, scheduler: str = "vllm",
         limits: SchedulerConfig | None = None, replicas: int = 1, router: str = "round-robin",
         host_overhead_ns: float = 0.0, block_tokens: int = BLOCK_TOKENS, prefix_caching: bool = True,
-        slos: dict | None = None, warmup: float = 0.1, drain: float = 0.1) -> ServeResult:
+        slos: dict | None = None, warmup: float = 0.1, drain: float = 0.1,
+        disaggregation: Disaggregation | None = None) -> ServeResult:
     """Serve ``workload`` on ``replicas`` engines of ``kv_blocks`` blocks each, every step timed
-    by ``step_model`` plus ``host_overhead_ns`` -> the frozen result. The SLOs and the shares
-    are checked before the run."""
+    by ``step_model`` plus ``host_overhead_ns`` -> the frozen result; with ``disaggregation``
+    the first replicas prefill and the others decode, the KV moving between them. The SLOs and
+    the shares are checked before the run."""
     for k, v in (slos or {}).items():
         parse_slo(k, v)
     split((), warmup, drain)
     engine = EngineConfig(kv_blocks, scheduler, limits or SchedulerConfig(), block_tokens, prefix_caching,
                           host_overhead_ns)
-    records, steps = simulate(workload, step_model, engine, replicas, router)
+    records, steps, transfers = simulate(workload, step_model, engine, replicas, router, disaggregation)
     metrics = compute(records, slos, warmup, drain)
     extra = {"step_model_error": step_model.error()} if hasattr(step_model, "error") else {}
-    return ServeResult(metrics, records, steps, engine, replicas, router, step_model.describe(), warmup, drain, extra)
+    if disaggregation:
+        pd = disaggregation
+        extra["disaggregation"] = {
+            "prefill_replicas": pd.prefill, "decode_replicas": replicas - pd.prefill, "links": pd.links,
+            "transfer": pd.transfer.describe(), "kv_transfers": len(transfers),
+            "kv_bytes": sum(t[3] for t in transfers),
+            "mean_kv_transfer_s": sum(t[2] - t[1] for t in transfers) / len(transfers) if transfers else 0.0,
+            "mean_kv_wait_s": (sum(r.kv_transfer_s[1] - r.token_s[0] for r in records if r.kv_transfer_s)
+                               / len(transfers) if transfers else 0.0)}
+    return ServeResult(metrics, records, steps, engine, replicas, router, step_model.describe(), warmup, drain, extra,
+                       transfers)
 
 
 def __getattr__(name):
@@ -114,7 +127,7 @@ def __getattr__(name):
     raise AttributeError(f"module kbtorch.serve has no attribute {name!r}")
 
 
-__all__ = ["BLOCK_TOKENS", "BatchEntry", "Capacity", "ConstantStep", "EngineConfig", "KVCache", "ROUTERS", "Request",
+__all__ = ["BLOCK_TOKENS", "BatchEntry", "Capacity", "ConstantStep", "Disaggregation", "EngineConfig", "KVCache", "LinkTransfer", "ROUTERS", "Request",
            "RequestRecord", "SCHEDULERS", "Scheduler", "SchedulerConfig", "ServeResult", "SimulatedStep",
            "StepRecord", "TableStep", "TraceError", "Trial", "Workload", "arrivals", "azure", "block_key",
            "capacity_blocks", "compute", "find_capacity", "lengths", "mlperf_p99", "mooncake", "parse_slo", "plain",

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from .kv import BLOCK_TOKENS, KVCache
 from .scheduler import BatchEntry, SchedulerConfig, Seq, make_scheduler
 
-_ARRIVE, _STEP = 0, 1
+_ARRIVE, _STEP, _HANDOFF = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,8 @@ class RequestRecord:
     token_s: tuple = ()
     preemptions: int = 0
     cached_tokens: int = 0
+    prefill_replica: int | None = None
+    kv_transfer_s: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,25 @@ ROUTERS = {
 }
 
 
+@dataclass(frozen=True)
+class Disaggregation:
+    """Prefill/decode disaggregation: replicas ``0 .. prefill - 1`` compute prompts only (a
+    request leaves them with its first token), the others decode. A request's KV cache
+    (``kv_bytes_per_token`` x its prompt) then moves to a decode replica over one of ``links``
+    links between the pools, each taking one transfer at a time (first come, first served),
+    timed by ``transfer``: any object with ``transfer_ns(nbytes)`` and ``describe()``."""
+
+    prefill: int
+    transfer: object
+    kv_bytes_per_token: int
+    links: int = 1
+
+    def __post_init__(self):
+        for name in ("prefill", "kv_bytes_per_token", "links"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"disaggregation: {name} must be a positive integer, got {getattr(self, name)!r}")
+
+
 def entries(batch: list) -> tuple:
     """The step model's view of a batch: per request, new tokens, context, prefill or decode."""
     return tuple(BatchEntry(s.request.id, n, s.computed, not (s.generated and n == 1)) for s, n in batch)
@@ -113,12 +134,20 @@ def entries(batch: list) -> tuple:
 class _Run:
     """The state of one simulation: the heap, the replicas, the records."""
 
-    def __init__(self, workload, step_model, engine: EngineConfig, replicas: int, router: str):
+    def __init__(self, workload, step_model, engine: EngineConfig, replicas: int, router: str,
+                 pd: Disaggregation | None = None):
         if replicas < 1:
             raise ValueError(f"serve: replicas must be positive, got {replicas}")
-        self.step_model, self.engine = step_model, engine
+        if pd and not pd.prefill < replicas:
+            raise ValueError(f"disaggregation: prefill {pd.prefill} of {replicas} replicas leaves no decode replica")
+        self.step_model, self.engine, self.pd = step_model, engine, pd
         self.replicas = [Replica(i, engine) for i in range(replicas)]
         self.router = Router(router)
+        self.pools = (self.replicas[:pd.prefill], self.replicas[pd.prefill:]) if pd else (self.replicas, [])
+        self.decode_router = Router(router)
+        self.links = [0.0] * (pd.links if pd else 0)
+        self.transfers: list = []
+        self.handed: dict = {}
         self.heap: list = []
         self.pushed = 0
         self.records: dict = {}
@@ -145,18 +174,45 @@ class _Run:
         r = seq.request
         if r.id in self.records:
             raise RuntimeError(f"serve: request {r.id} ended twice")
+        handed = self.handed.get(r.id, (None, ()))
         self.records[r.id] = RequestRecord(r.id, seq.replica, r.arrival_s, r.input_tokens, r.output_tokens, status,
                                            reason, seq.first_scheduled_s, tuple(seq.token_s), seq.preemptions,
-                                           seq.cached_tokens)
+                                           seq.cached_tokens, *handed)
 
     def _arrive(self, t: float, request) -> None:
-        rep = self.router.pick(self.replicas, request)
+        rep = self.router.pick(self.pools[0], request)
         seq = Seq(request, rep.index)
         reason = rep.scheduler.refusal(request)
+        if not reason and self.pd:
+            reason = self.pools[1][0].scheduler.refusal(request)
         if reason:
             self._record(seq, "refused", reason)
             self._release(t)
             return
+        if self.pd:
+            # NOTE: the prefill pool's copy of the request ends with its first token.
+            seq = Seq(replace(request, output_tokens=1), rep.index)
+            self.handed[request.id] = (request, None)
+        rep.scheduler.add(seq)
+
+    def _hand_over(self, t: float, seq: Seq) -> None:
+        """A prompt is done in the prefill pool: its KV moves to the decode pool over the first free link."""
+        request = self.handed[seq.request.id][0]
+        nbytes = request.input_tokens * self.pd.kv_bytes_per_token
+        link = min(range(len(self.links)), key=lambda i: (self.links[i], i))
+        start = max(t, self.links[link])
+        end = self.links[link] = start + self.pd.transfer.transfer_ns(nbytes) * 1e-9
+        self.transfers.append((link, start, end, nbytes))
+        self._push(end, _HANDOFF, (seq, request, (start, end)))
+
+    def _arrive_decode(self, t: float, what: tuple) -> None:
+        prefilled, request, span = what
+        rep = self.decode_router.pick(self.pools[1], request)
+        seq = Seq(request, rep.index)
+        seq.generated, seq.token_s, seq.ready = 1, list(prefilled.token_s), request.input_tokens
+        seq.first_scheduled_s, seq.preemptions = prefilled.first_scheduled_s, prefilled.preemptions
+        seq.cached_tokens = prefilled.cached_tokens
+        self.handed[request.id] = (prefilled.replica, span)
         rep.scheduler.add(seq)
 
     def _start(self, rep: Replica, t: float) -> None:
@@ -177,6 +233,12 @@ class _Run:
     def _step_end(self, t: float, index: int) -> None:
         rep = self.replicas[index]
         for seq in rep.scheduler.complete(rep.batch, t):
+            original = self.handed.get(seq.request.id, (None,))[0] if index < len(self.pools[0]) else None
+            if self.pd and original is not None and original.output_tokens > 1:
+                self._hand_over(t, seq)
+                continue
+            if original is not None:
+                seq.request, self.handed[seq.request.id] = original, (None, ())
             self._record(seq, "finished")
             self._release(t)
         rep.batch, rep.busy = [], False
@@ -186,14 +248,18 @@ class _Run:
             t, kind, _, what = heapq.heappop(self.heap)
             if kind == _ARRIVE:
                 self._arrive(t, what)
+            elif kind == _HANDOFF:
+                self._arrive_decode(t, what)
             else:
                 self._step_end(t, what)
             if not self.heap or self.heap[0][0] > t:
                 for rep in self.replicas:
                     self._start(rep, t)
-        return tuple(self.records[i] for i in sorted(self.records)), tuple(self.steps)
+        return tuple(self.records[i] for i in sorted(self.records)), tuple(self.steps), tuple(self.transfers)
 
 
-def simulate(workload, step_model, engine: EngineConfig, replicas: int = 1, router: str = "round-robin") -> tuple:
-    """Serve ``workload`` -> (request records by id, step records in start order)."""
-    return _Run(workload, step_model, engine, replicas, router).run()
+def simulate(workload, step_model, engine: EngineConfig, replicas: int = 1, router: str = "round-robin",
+             pd: Disaggregation | None = None) -> tuple:
+    """Serve ``workload`` -> (request records by id, step records in start order, KV transfers
+    (link, start s, end s, bytes) in start order: none without ``pd``)."""
+    return _Run(workload, step_model, engine, replicas, router, pd).run()

@@ -60,11 +60,13 @@ class Seq:
     """A request's state inside an engine (mutable: the loop's own book)."""
 
     __slots__ = ("request", "computed", "generated", "token_s", "first_scheduled_s", "preemptions",
-                 "cached_tokens", "replica")
+                 "cached_tokens", "replica", "ready")
 
     def __init__(self, request, replica: int):
         self.request, self.replica = request, replica
         self.computed = self.generated = self.preemptions = self.cached_tokens = 0
+        #: tokens whose KV arrived with the request (a decode pool's, from its prefill pool): lost on preemption
+        self.ready = 0
         self.token_s: list = []
         self.first_scheduled_s = None
 
@@ -149,14 +151,15 @@ class Scheduler:
         allow -> the budget left."""
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            prefix = self.kv.cached_prefix(seq.request, seq.tokens) if seq.computed == 0 else []
-            computed = len(prefix) * self.kv.block_tokens
+            prefix = self.kv.cached_prefix(seq.request, seq.tokens) if seq.computed == 0 and not seq.ready else []
+            computed = seq.ready or len(prefix) * self.kv.block_tokens
             seq.computed = computed
             n = self._share(seq, budget)
             if n == 0 or not self._allocate(seq, n, prefix):
                 seq.computed = 0
                 break
-            seq.cached_tokens = max(seq.cached_tokens, computed)
+            if not seq.ready:
+                seq.cached_tokens = max(seq.cached_tokens, computed)
             self.waiting.popleft()
             self.running.append(seq)
             if seq.first_scheduled_s is None:
@@ -171,7 +174,7 @@ class Scheduler:
         i = next(i for i in range(len(self.running) - 1, -1, -1) if id(self.running[i]) not in spare)
         victim = self.running.pop(i)
         self.kv.free(victim.request.id)
-        victim.computed = 0
+        victim.computed = victim.ready = 0
         victim.preemptions += 1
         self.waiting.appendleft(victim)
         return victim

@@ -8,15 +8,22 @@ context. A shape is a *uniform* batch: ``rows`` requests, each computing ``new_t
 ``context_tokens`` cached positions (a decode batch is ``(rows, 1, context)``; a prefill chunk
 ``(1, chunk, context)``).
 
-Simulated shapes are memoized by (the machine's content digest, model, plan, shape), shapes
-bucketed to a quarter octave. A batch the memo holds (every request the same bucketed shape)
-is answered from it; with ``direct_decodes`` (default) a decode-only batch is simulated as
-the uniform shape (its requests, 1 token, their mean context; bucketed, memoized); any other
-batch by a least-squares fit over the simulated points, on
-features summed over the batch's requests: 1, tokens T (with hinges max(0, T - k) at the
-quartiles of the training tokens: piecewise linear), attention work sum(new * context) and
-sum(new^2), KV positions read sum(context + new), and requests. ``error()`` reports the fit against direct simulation
-on held-out shapes (median and p95 of |fit / simulated - 1|).
+Simulated shapes are memoized by (the machine's content digest, model, plan, shape) and a batch
+is read from two tables of them, one per regime, each interpolated linearly between grid
+points at octaves (a corner is simulated the first time a batch needs it):
+- a decode-only batch of ``r`` requests of mean context ``c``: the decode table
+  ``(r, 1, c)`` over rows and context;
+- any batch with a prefill chunk: the prefill table ``(1, T, c)`` over the batch's tokens
+  ``T`` and its chunks' mean context (token-weighted), plus, for the decodes beside the
+  chunks, what their context adds to a decode of them (``decode(r, c) - decode(r, 0)``): the
+  GEMMs see all ``T`` tokens at once, the decodes' attention and cache reads are their own.
+
+Grid points: rows 1, 2, 4, 8, ...; tokens at half octaves 1, 2, 3, 4, 6, 8, 12, ... (NOTE: a
+prefill's time per token is not smooth in its tokens, the GEMMs' tiles filling unevenly:
+Qwen2.5-7B on maia200 takes 25.3, 24.1 and 26.7 us per token at 512, 700 and 1024 tokens);
+context 0, 128, 256, 512, ... ``error()``
+reports the tables against direct simulation of held-out shapes between grid points (median
+and p95 of |table / simulated - 1|).
 
 NOTE: the past is a ``DynamicCache`` (Hugging Face's default: each layer concatenates its
 cache), not a paged kernel: its copies are part of the simulated step, as they are of
@@ -35,35 +42,38 @@ import kbtorch
 
 from ..models.hf import build, fuse_norms, kv_cache, place_plan
 
-#: Training shapes (rows, new tokens, context tokens): decode batches and prefill chunks.
-GRID = tuple([(b, 1, c) for b in (1, 4, 16, 64) for c in (128, 1024, 4096)]
-             + [(1, s, c) for s in (16, 128, 512, 2048) for c in (0, 1024)] + [(4, 128, 0), (16, 32, 512)])
-#: Held-out shapes, between the training ones.
-HELD_OUT = ((2, 1, 512), (8, 1, 2048), (32, 1, 256), (1, 64, 0), (1, 256, 512), (1, 1024, 256), (8, 64, 128))
+#: Held-out shapes, between grid points: decode batches and prefill chunks.
+HELD_OUT = ((3, 1, 700), (12, 1, 1500), (24, 1, 300), (48, 1, 3000), (1, 100, 0), (1, 700, 0), (1, 300, 1500),
+            (1, 1500, 600))
+#: The first context grid point above 0.
+FIRST_CONTEXT = 128
 _MEMO: dict = {}
 
 
-def bucket(n: int) -> int:
-    """``n`` rounded up to a quarter octave (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, ...)."""
-    if n <= 8:
-        return n
-    step = 2 ** (math.floor(math.log2(n)) - 2)
-    return -(-n // step) * step
-
-
-def features(batch: list) -> list:
-    """The fit's features of a batch of (new tokens, context tokens), without the hinges."""
-    return [1.0, float(sum(n for n, _ in batch)), float(sum(n * c for n, c in batch)),
-            float(sum(n * n for n, _ in batch)), float(sum(c + n for n, c in batch)), float(len(batch))]
+def corners(x: float, first: int = 1, half: bool = False) -> list:
+    """(grid point, weight) of linear interpolation at ``x`` on the points 0 (when ``first`` > 1),
+    ``first``, 2 ``first``, 4 ``first``, ... (``half``: also 1.5 times each from 2 ``first``): one
+    point when ``x`` is on one, else the two around it."""
+    if x <= 0:
+        return [(0, 1.0)]
+    lo = first * 2 ** math.floor(math.log2(x / first)) if x >= first else 0
+    mid = half and lo >= 2 * first
+    if mid and x >= 1.5 * lo:
+        lo, hi = 1.5 * lo, 2 * lo
+    else:
+        hi = 1.5 * lo if mid else 2 * lo if lo else first
+    if lo == x:
+        return [(int(x), 1.0)]
+    w = (x - lo) / (hi - lo)
+    return [(int(lo), 1.0 - w), (int(hi), w)]
 
 
 class SimulatedStep:
     """Step times of ``model`` (a ``kbtorch.models.hf`` preset or config) on ``topology``."""
 
     def __init__(self, model: str = "qwen2.5-7b", topology: str | None = None, tp: int | None = None, dp: int = 1,
-                 grid: tuple = GRID, held_out: tuple = HELD_OUT, direct_decodes: bool = True):
+                 held_out: tuple = HELD_OUT):
         self.model_name, self.topology, self.tp, self.dp = model, topology, tp, dp
-        self.direct_decodes = direct_decodes
         with self._machine():
             self.machine = kbtorch.current_machine()
             self.model, _ = build(model, torch.bfloat16, timing_only=True)
@@ -71,18 +81,17 @@ class SimulatedStep:
             with kbtorch.timing_only():
                 self.plan, self.where = place_plan(self.model, tp, dp)
         self._key = (self.machine.digest, model, self.plan)
-        self.simulated = 0
-        self._fit(grid)
+        self.simulated, self._kv = 0, None
         self._error = self._held_out(held_out)
 
     def _machine(self):
         return kbtorch.use(self.topology) if self.topology else nullcontext()
 
     def shape_ns(self, rows: int, new: int, context: int) -> float:
-        """Simulated ns of one forward of the uniform shape (bucketed), from the memo or simulated now."""
-        key = (*self._key, bucket(rows), bucket(new), bucket(context) if context else 0)
+        """Simulated ns of one forward of the uniform shape: from the memo, or simulated now."""
+        key = (*self._key, rows, new, context)
         if key not in _MEMO:
-            _MEMO[key] = self._forward_ns(*key[-3:])
+            _MEMO[key] = self._forward_ns(rows, new, context)
             self.simulated += 1
         return _MEMO[key]
 
@@ -93,7 +102,9 @@ class SimulatedStep:
                 kbtorch.home(self.where) if self.where else nullcontext()):
             cache = DynamicCache(config=self.model.config)
             for i in range(len(entries) // 2 if past else 0):
-                k, v = (torch.empty(entries[2 * i + j][1], dtype=torch.bfloat16, device="ahbm") for j in (0, 1))
+                mesh, placements = self._kv_placements()[i]
+                k, v = (kbtorch.distribute_tensor(torch.empty(entries[2 * i + j][1], dtype=torch.bfloat16,
+                                                              device="ahbm"), mesh, placements) for j in (0, 1))
                 cache.update(k, v, i)
             ids = torch.zeros(rows, new, dtype=torch.long, device="ahbm")
             pos = torch.arange(past, past + new, device="ahbm")[None].expand(rows, new)
@@ -101,43 +112,61 @@ class SimulatedStep:
                 self.model(input_ids=ids, cache=cache, position_ids=pos, use_cache=True)
         return float(prof.total_ns)
 
-    def _design(self, batches: list) -> np.ndarray:
-        rows = []
-        for batch in batches:
-            f = features(batch)
-            rows.append(f + [max(0.0, f[1] - k) for k in self._knots])
-        return np.asarray(rows)
+    def _kv_placements(self) -> list:
+        """(mesh, placements) of each layer's cached keys as the model itself places them: read
+        from a cache its one-token forward filled (NOTE: a past made replicated would be
+        gathered again by every layer's concatenation, which no engine does)."""
+        if self._kv is None:
+            from transformers import DynamicCache
+            with self._machine(), kbtorch.timing_only(), torch.no_grad(), (
+                    kbtorch.home(self.where) if self.where else nullcontext()):
+                cache = DynamicCache(config=self.model.config)
+                self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device="ahbm"), cache=cache, use_cache=True)
+                self._kv = [(layer.keys.device_mesh, layer.keys.placements) for layer in cache.layers]
+        return self._kv
 
-    def _fit(self, grid: tuple) -> None:
-        tokens = sorted({r * n for r, n, _ in grid})
-        self._knots = tuple(sorted({tokens[len(tokens) * q // 4] for q in (1, 2, 3)})) if len(tokens) > 4 else ()
-        ys = np.asarray([self.shape_ns(*s) for s in grid])
-        x = self._design([[(bucket(n), bucket(c) if c else 0)] * bucket(r) for r, n, c in grid])
-        # NOTE: relative least squares (rows scaled by 1 / y): small decode steps count as much as big prefills.
-        self._coef = np.linalg.lstsq(x / ys[:, None], np.ones(len(ys)), rcond=None)[0]
+    def decode_ns(self, rows: float, context: float) -> float:
+        """The decode table at ``rows`` requests of one new token each, ``context`` positions each."""
+        return sum(wr * wc * self.shape_ns(r, 1, c) for r, wr in corners(rows)
+                   for c, wc in corners(context, FIRST_CONTEXT) if wr * wc)
 
-    def fit_ns(self, batch: list) -> float:
-        """The fit's ns for a batch of (new tokens, context tokens)."""
-        return max(0.0, float(self._design([batch])[0] @ self._coef))
+    def prefill_ns(self, tokens: float, context: float) -> float:
+        """The prefill table at one chunk of ``tokens`` new tokens against ``context`` positions."""
+        return sum(wt * wc * self.shape_ns(1, t, c) for t, wt in corners(tokens, half=True)
+                   for c, wc in corners(context, FIRST_CONTEXT) if wt * wc)
+
+    def table_ns(self, rows: int, new: int, context: int) -> float:
+        """The tables' ns of the uniform shape (what ``step_ns_of`` answers for such a batch)."""
+        return self.decode_ns(rows, context) if new == 1 else self.prefill_ns(rows * new, context)
 
     def _held_out(self, shapes: tuple) -> dict:
-        errs = [abs(self.fit_ns([(bucket(n), bucket(c) if c else 0)] * bucket(r)) / self.shape_ns(r, n, c) - 1)
-                for r, n, c in shapes]
+        errs = [abs(self.table_ns(r, n, c) / self.shape_ns(r, n, c) - 1) for r, n, c in shapes]
         return {"held_out_shapes": len(errs), "median_rel_error": float(np.median(errs)) if errs else None,
                 "p95_rel_error": float(np.percentile(errs, 95)) if errs else None,
                 "max_rel_error": max(errs, default=None)}
 
     def step_ns_of(self, batch) -> float:
-        if self.direct_decodes and all(e.new_tokens == 1 for e in batch):
-            context = round(sum(e.context_tokens for e in batch) / len(batch))
-            return self.shape_ns(len(batch), 1, context)
-        shapes = {(bucket(e.new_tokens), bucket(e.context_tokens) if e.context_tokens else 0) for e in batch}
-        if len(shapes) == 1:
-            new, ctx = next(iter(shapes))
-            key = (*self._key, bucket(len(batch)), new, ctx)
-            if key in _MEMO:
-                return _MEMO[key]
-        return self.fit_ns([(e.new_tokens, e.context_tokens) for e in batch])
+        decodes = [e.context_tokens for e in batch if e.new_tokens == 1 and not e.prefill]
+        chunks = [e for e in batch if e.new_tokens != 1 or e.prefill]
+        mean = sum(decodes) / len(decodes) if decodes else 0.0
+        if not chunks:
+            return self.decode_ns(len(decodes), mean)
+        tokens = sum(e.new_tokens for e in batch)
+        context = sum(e.new_tokens * e.context_tokens for e in chunks) / sum(e.new_tokens for e in chunks)
+        extra = self.decode_ns(len(decodes), mean) - self.decode_ns(len(decodes), 0) if decodes else 0.0
+        return self.prefill_ns(tokens, context) + max(0.0, extra)
+
+    def transfer_ns(self, nbytes: int) -> float:
+        """Simulated ns of ``nbytes`` of KV cache moving from replica 0's chips to replica 1's
+        (``kbtorch.chip_transfer_ns``): the prefill and decode pools of a disaggregated run on
+        this machine. Linear between byte counts at octaves, each simulated once."""
+        if self.dp < 2:
+            raise ValueError(f"disaggregation: the KV moves between two replicas of '{self.machine.name}'; "
+                             f"the step model has dp {self.dp} (give dp >= 2: prefill and decode replicas)")
+        tp = self.machine.chips // self.dp
+        src, dst = tuple(range(tp)), tuple(range(tp, 2 * tp))
+        with self._machine():
+            return sum(w * kbtorch.chip_transfer_ns(src, dst, b) for b, w in corners(max(1, nbytes)) if w)
 
     def error(self) -> dict:
         return dict(self._error)
@@ -155,6 +184,5 @@ class SimulatedStep:
 
     def describe(self) -> dict:
         return {"kind": "simulated", "model": self.model_name, "machine": self.machine.name,
-                "machine_digest": self.machine.digest, "plan": self.plan, "simulated_shapes": self.simulated, "direct_decodes": self.direct_decodes,
-                "fit_features": ["1", "tokens", "sum new*ctx", "sum new^2", "sum ctx+new", "requests",
-                                 *(f"max(0, tokens-{k})" for k in self._knots)]}
+                "machine_digest": self.machine.digest, "plan": self.plan, "simulated_shapes": self.simulated,
+                "tables": "decode (rows, 1, context), prefill (1, tokens, context): linear between octaves"}

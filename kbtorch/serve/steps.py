@@ -39,6 +39,26 @@ class ConstantStep:
         return {"kind": "constant", "step_ns": self.step_ns}
 
 
+@dataclass(frozen=True)
+class LinkTransfer:
+    """A KV transfer model given by the user (as :class:`ConstantStep` is for steps): ``latency_ns``
+    plus the bytes at ``gbps`` (GB/s). The simulated one is ``SimulatedStep.transfer_ns``."""
+
+    gbps: float
+    latency_ns: float = 0.0
+
+    def __post_init__(self):
+        if not self.gbps > 0 or not math.isfinite(self.gbps) or not 0 <= self.latency_ns < math.inf:
+            raise ValueError(f"link transfer: gbps must be a finite number > 0 and latency_ns >= 0, got "
+                             f"{self.gbps}, {self.latency_ns}")
+
+    def transfer_ns(self, nbytes: int) -> float:
+        return self.latency_ns + nbytes / self.gbps
+
+    def describe(self) -> dict:
+        return {"kind": "link", "gbps": self.gbps, "latency_ns": self.latency_ns}
+
+
 def batch_features(batch) -> tuple:
     """(tokens computed, context positions attended) of a batch, summed over its requests."""
     return sum(e.new_tokens for e in batch), sum(e.context_tokens for e in batch)

@@ -36,11 +36,9 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
-from ...ops.collective.side_by_side import on_groups_run
 from .. import stream
 from ..dispatch import is_ahbm, leaves, map_leaves, value_of
 from ..placement.mesh import Mesh, chip_mesh, chip_rows, chips_of
@@ -48,11 +46,9 @@ from ..placement.spec import SCOPE, Partial, Replicate, Spec, default_spec
 from ..tensor import AhbmTensor
 from ..timing import kernel_dtype
 from .plan import ParallelStyle, describe, parallelize_module
+from .transfer import LINES, lines_ns as _transfer
 from ... import state
 
-#: PE pairs per chip that carry a transfer between stages.
-# NOTE: as ``expert_parallel.LINES``: the engines that drive a chip's network, not hardware.
-LINES = 4
 
 
 def decoder_layers(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
@@ -365,14 +361,3 @@ def micro_caches(parts: list):
     cache = MicroCaches()
     cache.micro_parts = list(parts)
     return cache
-
-
-@state.cache
-
-
-@lru_cache(maxsize=256)
-def _transfer(machine, lines: tuple, nbytes: int, dtype: str) -> tuple:
-    """(latency ns, algorithm) of ``nbytes`` from the first to the second PE of every line, at once."""
-    latency, algo, _ = on_groups_run("broadcast", [list(line) for line in lines], nbytes=nbytes, dtype=dtype,
-                                     machine=machine)
-    return latency, algo
