@@ -38,6 +38,15 @@ def add_parser(sub, common) -> None:
     e.add_argument("--replicas", type=_positive_int, default=1)
     e.add_argument("--router", default="round-robin", help="round-robin, least-outstanding, kv-load, prefix-affinity")
     e.add_argument("--host-overhead-ns", type=float, default=0.0, help="host time added to every step")
+    d = p.add_argument_group("prefill/decode disaggregation")
+    d.add_argument("--pd-prefill", type=_positive_int, metavar="N", help="the first N of --replicas prefill, the "
+                   "others decode; the KV moves between them (--step simulated: timed by the simulator between "
+                   "replica 0's and replica 1's chips)")
+    d.add_argument("--kv-links", type=_positive_int, default=1, help="links between the pools, one transfer each at a time")
+    d.add_argument("--kv-link-gbps", type=_RATE, help="a KV link's GB/s (needed without --step simulated)")
+    d.add_argument("--kv-link-latency-ns", type=float, default=0.0, help="with --kv-link-gbps: ns per transfer")
+    d.add_argument("--kv-bytes-per-token", type=_positive_int, help="KV bytes of one position (default with --step "
+                   "simulated: the model's)")
     s = p.add_argument_group("step model")
     s.add_argument("--step", choices=("constant", "table", "simulated"), default="constant")
     s.add_argument("--step-ns", type=float, default=20e6, help="--step constant: ns per step")
@@ -130,11 +139,12 @@ def _cmd_serve(args, machine):
                          "argument --capacity: searches an open-loop rate (--qps), not a closed loop (--concurrency)")
     model, blocks = _step_model(args, serve)
     limits = serve.SchedulerConfig(args.max_num_batched_tokens, args.max_num_seqs, args.chunk_tokens)
+    pd = _disaggregation(args, serve, model)
 
     def serve_at(qps):
         wl = _workload(argparse.Namespace(**{**vars(args), "qps": qps}) if qps is not None else args, serve)
         return serve.run(wl, model, blocks, args.scheduler, limits, args.replicas, args.router, args.host_overhead_ns,
-                         args.block_tokens, not args.no_prefix_caching, slos, args.warmup, args.drain)
+                         args.block_tokens, not args.no_prefix_caching, slos, args.warmup, args.drain, pd)
     if args.capacity:
         cap = serve.find_capacity(serve_at, slos, args.qps or 1.0, args.tolerance)
         if cap.best is not None:
@@ -143,6 +153,29 @@ def _cmd_serve(args, machine):
     result = serve_at(None)
     _write(args, result)
     return result.to_json(), _text(result)
+
+
+def _disaggregation(args, serve, model):
+    """The prefill/decode split of ``--pd-prefill`` (None without it)."""
+    if args.pd_prefill is None:
+        for flag in ("kv_link_gbps", "kv_bytes_per_token"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"argument --{flag.replace('_', '-')}: needs --pd-prefill")
+        return None
+    if args.pd_prefill >= args.replicas:
+        raise ValueError(f"argument --pd-prefill: {args.pd_prefill} prefill replicas of --replicas {args.replicas} "
+                         f"leave no decode replica")
+    simulated = args.step == "simulated"
+    if args.kv_link_gbps is not None:
+        transfer = serve.LinkTransfer(args.kv_link_gbps, args.kv_link_latency_ns)
+    elif simulated:
+        transfer = model.kv_link()
+    else:
+        raise ValueError(f"argument --kv-link-gbps: --pd-prefill with --step {args.step} needs the KV links' GB/s")
+    per_token = args.kv_bytes_per_token or (model.kv_bytes_per_token() if simulated else None)
+    if per_token is None:
+        raise ValueError(f"argument --kv-bytes-per-token: --pd-prefill with --step {args.step} needs it")
+    return serve.Disaggregation(args.pd_prefill, transfer, per_token, args.kv_links)
 
 
 def _write(args, result) -> None:
@@ -177,6 +210,11 @@ def _text(result) -> str:
                          f"p90 {m[f'p90_{k}_ms']:.3f}  p99 {m[f'p99_{k}_ms']:.3f}")
     if "step_model_error" in result.extra:
         e = result.extra["step_model_error"]
-        lines.append(f"step model fit vs direct simulation, {e['held_out_shapes']} held-out shapes: median "
+        lines.append(f"step model tables vs direct simulation, {e['held_out_shapes']} held-out shapes: median "
                      f"{100 * e['median_rel_error']:.1f}%, p95 {100 * e['p95_rel_error']:.1f}%")
+    if "disaggregation" in result.extra:
+        d = result.extra["disaggregation"]
+        lines.append(f"disaggregated: {d['prefill_replicas']} prefill + {d['decode_replicas']} decode replicas, "
+                     f"{d['kv_transfers']} KV transfers over {d['links']} link(s), mean {1e3 * d['mean_kv_transfer_s']:.3f} "
+                     f"ms each, {1e3 * d['mean_kv_wait_s']:.3f} ms from first token to KV arrival")
     return "\n".join(lines)

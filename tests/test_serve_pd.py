@@ -104,3 +104,40 @@ def test_simulated_kv_transfer_grows_with_bytes_and_distance():
             kbtorch.chip_transfer_ns((0,), (0,), 1 << 12)
         with pytest.raises(ValueError, match="chip 9 is outside topology"):
             kbtorch.chip_transfer_ns((0,), (9,), 1 << 12)
+
+
+def test_pd_on_the_command_line(capsys):
+    from kbtorch.cli import main
+    import json
+    assert main(["serve", "--requests", "40", "--qps", "20", "--kv-blocks", "256", "--replicas", "3", "--pd-prefill", "1",
+                 "--kv-link-gbps", "10", "--kv-bytes-per-token", "4096", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["disaggregation"]["prefill_replicas"] == 1 and out["disaggregation"]["kv_transfers"] == 40
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--replicas", "2", "--pd-prefill", "2", "--kv-link-gbps", "1", "--kv-bytes-per-token", "8"], "leave no decode"),
+    (["--replicas", "2", "--pd-prefill", "1", "--kv-bytes-per-token", "8"], "--kv-link-gbps"),
+    (["--replicas", "2", "--pd-prefill", "1", "--kv-link-gbps", "1"], "--kv-bytes-per-token"),
+    (["--kv-link-gbps", "1"], "needs --pd-prefill"),
+])
+def test_pd_command_line_errors(capsys, argv, message):
+    from kbtorch.cli import main
+    assert main(["serve", "--requests", "4", "--qps", "1", "--kv-blocks", "64", *argv]) != 0
+    assert message in capsys.readouterr().err
+
+
+def test_pd_with_the_simulated_step_and_link():
+    """Tiny Qwen2 on the tiny system, 2 replicas of TP 2: replica 0 prefills, replica 1 decodes,
+    the KV timed by the simulator from chips 0-1 to chips 2-3, longer for longer prompts."""
+    pytest.importorskip("transformers")
+    step = serve.SimulatedStep("tiny-qwen2", SYSTEM, tp=2, dp=2, held_out=())
+    link = step.kv_link()
+    assert 0 < link.transfer_ns(1 << 10) < link.transfer_ns(1 << 16)
+    assert link.describe()["from_chips"] == [0, 1] and link.describe()["to_chips"] == [2, 3]
+    pd = serve.Disaggregation(1, link, step.kv_bytes_per_token())
+    wl = serve.synthetic(6, 100.0, {"kind": "uniform", "low": 8, "high": 64}, 4, seed=1)
+    r = serve.run(wl, step, kv_blocks=128, replicas=2, warmup=0.0, drain=0.0, disaggregation=pd)
+    assert r.metrics["completed"] == 6 and all(x.kv_transfer_s for x in r.requests)
+    with pytest.raises(ValueError, match="give dp >= 2"):
+        serve.SimulatedStep("tiny-qwen2", SYSTEM, tp=4, dp=1, held_out=()).transfer_ns(1024)

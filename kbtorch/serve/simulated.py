@@ -10,7 +10,7 @@ context. A shape is a *uniform* batch: ``rows`` requests, each computing ``new_t
 
 Simulated shapes are memoized by (the machine's content digest, model, plan, shape) and a batch
 is read from two tables of them, one per regime, each interpolated linearly between grid
-points at octaves (a corner is simulated the first time a batch needs it):
+points (a corner is simulated the first time a batch needs it):
 - a decode-only batch of ``r`` requests of mean context ``c``: the decode table
   ``(r, 1, c)`` over rows and context;
 - any batch with a prefill chunk: the prefill table ``(1, T, c)`` over the batch's tokens
@@ -21,14 +21,14 @@ points at octaves (a corner is simulated the first time a batch needs it):
 Grid points: rows 1, 2, 4, 8, ...; tokens at half octaves 1, 2, 3, 4, 6, 8, 12, ... (NOTE: a
 prefill's time per token is not smooth in its tokens, the GEMMs' tiles filling unevenly:
 Qwen2.5-7B on maia200 takes 25.3, 24.1 and 26.7 us per token at 512, 700 and 1024 tokens);
-context 0, 128, 256, 512, ... ``error()``
-reports the tables against direct simulation of held-out shapes between grid points (median
+context 0, 128, 256, 512, ... ``error()`` reports the tables against direct simulation of held-out shapes between grid points (median
 and p95 of |table / simulated - 1|).
 
 NOTE: the past is a ``DynamicCache`` (Hugging Face's default: each layer concatenates its
 cache), not a paged kernel: its copies are part of the simulated step, as they are of
-``hf_generate``'s decode steps. A mixed batch (prefill chunks beside decodes) is not simulated
-directly: the fit adds its requests' attention terms to the tokens' term.
+``hf_generate``'s decode steps. A mixed batch (prefill chunks beside decodes, or decodes of
+different contexts) is not simulated directly (one Hugging Face forward has one sequence
+length): it is read by the decomposition above, which the held-out error does not cover.
 """
 from __future__ import annotations
 
@@ -168,6 +168,10 @@ class SimulatedStep:
         with self._machine():
             return sum(w * kbtorch.chip_transfer_ns(src, dst, b) for b, w in corners(max(1, nbytes)) if w)
 
+    def kv_link(self) -> "SimulatedLink":
+        """The transfer model of a disaggregated run's KV (``transfer_ns``), for ``serve.Disaggregation``."""
+        return SimulatedLink(self)
+
     def error(self) -> dict:
         return dict(self._error)
 
@@ -186,3 +190,18 @@ class SimulatedStep:
         return {"kind": "simulated", "model": self.model_name, "machine": self.machine.name,
                 "machine_digest": self.machine.digest, "plan": self.plan, "simulated_shapes": self.simulated,
                 "tables": "decode (rows, 1, context), prefill (1, tokens, context): linear between octaves"}
+
+
+class SimulatedLink:
+    """``SimulatedStep.transfer_ns`` as a transfer model of ``serve.Disaggregation``."""
+
+    def __init__(self, step: SimulatedStep):
+        self.step = step
+
+    def transfer_ns(self, nbytes: int) -> float:
+        return self.step.transfer_ns(nbytes)
+
+    def describe(self) -> dict:
+        tp = self.step.machine.chips // max(1, self.step.dp)
+        return {"kind": "simulated", "machine": self.step.machine.name, "from_chips": list(range(tp)),
+                "to_chips": list(range(tp, 2 * tp)), "by": "kbtorch.chip_transfer_ns, linear between octaves of bytes"}
