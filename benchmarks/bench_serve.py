@@ -39,18 +39,12 @@ from _report import finish, target  # noqa: E402
 MLPERF = {"ttft": "2s", "tpot": "200ms"}
 
 
-def kv_blocks(model) -> int:
-    from kbtorch import serve
-    hbm = model.hbm_bytes()
-    return serve.capacity_blocks(hbm, model.weight_bytes(), round(hbm * 0.1), model.kv_bytes_per_token())
-
-
 def azure_run(model, requests: int, qps: float):
     """(result, wall s) of the Azure conversation trace's first ``requests`` at ``qps``."""
     from kbtorch import serve
     wl = serve.rescale(serve.azure("azure-conv"), qps=qps, limit=requests)
     t = time.perf_counter()
-    result = serve.run(wl, model, kv_blocks(model), slos=MLPERF)
+    result = serve.run(wl, model, model.kv_blocks(), slos=MLPERF)
     return result, time.perf_counter() - t
 
 
@@ -63,7 +57,7 @@ def single_request(model, prompt: int, new: int) -> dict:
     """One request alone through the loop against hf_generate's TTFT and TPOT."""
     from kbtorch import serve
     wl = serve.synthetic(1, qps=1.0, input_tokens=prompt, output_tokens=new)
-    r = serve.run(wl, model, kv_blocks(model), warmup=0.0, drain=0.0).requests[0]
+    r = serve.run(wl, model, model.kv_blocks(), warmup=0.0, drain=0.0).requests[0]
     ttft = (r.token_s[0] - r.arrival_s) * 1e9
     tpot = (r.token_s[-1] - r.token_s[0]) * 1e9 / (new - 1)
     cmd = [sys.executable, str(ROOT / "examples" / "hf_generate.py"), "--model", model.model_name, "--topology",
@@ -90,7 +84,7 @@ def capacity_70b(requests: int) -> dict:
     from kbtorch import serve
     t = time.perf_counter()
     model = serve.SimulatedStep("llama3-70b", "maia200_x8", tp=8, held_out=())
-    blocks = kv_blocks(model)
+    blocks = model.kv_blocks()
     trace = serve.azure("azure-conv")
     cap = serve.find_capacity(lambda qps: serve.run(serve.rescale(trace, qps=qps, limit=requests), model, blocks,
                                                     slos=MLPERF), MLPERF, qps=1.0, tolerance=0.05)

@@ -106,9 +106,7 @@ def _step_model(args, serve):
         from .serve.simulated import SimulatedStep
         model = SimulatedStep(args.model, getattr(args, "topology", None), args.tp, args.replicas)
         if args.kv_blocks is None:
-            hbm = model.hbm_bytes()
-            return model, serve.capacity_blocks(hbm, model.weight_bytes(), round(hbm * (1 - args.hbm_utilization)),
-                                                model.kv_bytes_per_token(), args.block_tokens)
+            return model, model.kv_blocks(args.hbm_utilization, args.block_tokens)
     if args.kv_blocks is None:
         raise ValueError(f"argument --kv-blocks: needed with --step {args.step}")
     return model, args.kv_blocks

@@ -147,7 +147,8 @@ class _Run:
         self.decode_router = Router(router)
         self.links = [0.0] * (pd.links if pd else 0)
         self.transfers: list = []
-        self.handed: dict = {}
+        self.originals: dict = {}    # id -> the request, while its copy is in the prefill pool
+        self.handed: dict = {}       # id -> (prefill replica, KV transfer span), once in the decode pool
         self.heap: list = []
         self.pushed = 0
         self.records: dict = {}
@@ -192,12 +193,11 @@ class _Run:
         if self.pd:
             # NOTE: the prefill pool's copy of the request ends with its first token.
             seq = Seq(replace(request, output_tokens=1), rep.index)
-            self.handed[request.id] = (request, None)
+            self.originals[request.id] = request
         rep.scheduler.add(seq)
 
-    def _hand_over(self, t: float, seq: Seq) -> None:
+    def _hand_over(self, t: float, seq: Seq, request) -> None:
         """A prompt is done in the prefill pool: its KV moves to the decode pool over the first free link."""
-        request = self.handed[seq.request.id][0]
         nbytes = request.input_tokens * self.pd.kv_bytes_per_token
         link = min(range(len(self.links)), key=lambda i: (self.links[i], i))
         start = max(t, self.links[link])
@@ -233,12 +233,12 @@ class _Run:
     def _step_end(self, t: float, index: int) -> None:
         rep = self.replicas[index]
         for seq in rep.scheduler.complete(rep.batch, t):
-            original = self.handed.get(seq.request.id, (None,))[0] if index < len(self.pools[0]) else None
-            if self.pd and original is not None and original.output_tokens > 1:
-                self._hand_over(t, seq)
-                continue
+            original = self.originals.pop(seq.request.id, None)
             if original is not None:
-                seq.request, self.handed[seq.request.id] = original, (None, ())
+                if original.output_tokens > 1:
+                    self._hand_over(t, seq, original)
+                    continue
+                seq.request = original
             self._record(seq, "finished")
             self._release(t)
         rep.batch, rep.busy = [], False

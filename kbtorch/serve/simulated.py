@@ -21,8 +21,8 @@ points (a corner is simulated the first time a batch needs it):
 Grid points: rows 1, 2, 4, 8, ...; tokens at half octaves 1, 2, 3, 4, 6, 8, 12, ... (NOTE: a
 prefill's time per token is not smooth in its tokens, the GEMMs' tiles filling unevenly:
 Qwen2.5-7B on maia200 takes 25.3, 24.1 and 26.7 us per token at 512, 700 and 1024 tokens);
-context 0, 128, 256, 512, ... ``error()`` reports the tables against direct simulation of held-out shapes between grid points (median
-and p95 of |table / simulated - 1|).
+context 0, 128, 256, 512, ... ``error()`` reports the tables against direct simulation of
+held-out shapes between grid points (median and p95 of |table / simulated - 1|).
 
 NOTE: the past is a ``DynamicCache`` (Hugging Face's default: each layer concatenates its
 cache), not a paged kernel: its copies are part of the simulated step, as they are of
@@ -41,6 +41,7 @@ import torch
 import kbtorch
 
 from ..models.hf import build, fuse_norms, kv_cache, place_plan
+from .kv import BLOCK_TOKENS, capacity_blocks
 
 #: Held-out shapes, between grid points: decode batches and prefill chunks.
 HELD_OUT = ((3, 1, 700), (12, 1, 1500), (24, 1, 300), (48, 1, 3000), (1, 100, 0), (1, 700, 0), (1, 300, 1500),
@@ -163,10 +164,21 @@ class SimulatedStep:
         if self.dp < 2:
             raise ValueError(f"disaggregation: the KV moves between two replicas of '{self.machine.name}'; "
                              f"the step model has dp {self.dp} (give dp >= 2: prefill and decode replicas)")
-        tp = self.machine.chips // self.dp
-        src, dst = tuple(range(tp)), tuple(range(tp, 2 * tp))
+        src, dst = self.pool_chips()
         with self._machine():
             return sum(w * kbtorch.chip_transfer_ns(src, dst, b) for b, w in corners(max(1, nbytes)) if w)
+
+    def pool_chips(self) -> tuple:
+        """(replica 0's chips, replica 1's chips): a disaggregated run's prefill and decode pools."""
+        tp = self.machine.chips // max(1, self.dp)
+        return tuple(range(tp)), tuple(range(tp, 2 * tp))
+
+    def kv_blocks(self, hbm_utilization: float = 0.9, block_tokens: int = BLOCK_TOKENS) -> int:
+        """KV blocks of one replica: its HBM x ``hbm_utilization`` (vLLM's ``gpu_memory_utilization``)
+        less the weights."""
+        hbm = self.hbm_bytes()
+        return capacity_blocks(hbm, self.weight_bytes(), round(hbm * (1 - hbm_utilization)), self.kv_bytes_per_token(),
+                               block_tokens)
 
     def kv_link(self) -> "SimulatedLink":
         """The transfer model of a disaggregated run's KV (``transfer_ns``), for ``serve.Disaggregation``."""
@@ -202,6 +214,6 @@ class SimulatedLink:
         return self.step.transfer_ns(nbytes)
 
     def describe(self) -> dict:
-        tp = self.step.machine.chips // max(1, self.step.dp)
-        return {"kind": "simulated", "machine": self.step.machine.name, "from_chips": list(range(tp)),
-                "to_chips": list(range(tp, 2 * tp)), "by": "kbtorch.chip_transfer_ns, linear between octaves of bytes"}
+        src, dst = self.step.pool_chips()
+        return {"kind": "simulated", "machine": self.step.machine.name, "from_chips": list(src),
+                "to_chips": list(dst), "by": "kbtorch.chip_transfer_ns, linear between octaves of bytes"}

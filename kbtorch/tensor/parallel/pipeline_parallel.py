@@ -46,7 +46,7 @@ from ..placement.spec import SCOPE, Partial, Replicate, Spec, default_spec
 from ..tensor import AhbmTensor
 from ..timing import kernel_dtype
 from .plan import ParallelStyle, describe, parallelize_module
-from .transfer import LINES, lines_ns as _transfer
+from .transfer import line_bytes, lines_ns as _transfer, pair_lines
 from ... import state
 
 
@@ -246,10 +246,8 @@ class Pipeline:
         sharded = not all(isinstance(p, Replicate) for p in x._spec.placements)
         name, eb = kernel_dtype(value_of(x), "pipeline send")
         total = sum(t.numel() * value_of(t).element_size() for t in xs)
-        k = min(LINES, len(pairs[0][0]), len(pairs[0][1]))
-        lines = tuple((a[t * len(a) // k], b[t * len(b) // k]) for a, b in pairs for t in range(k))
-        share = -(-total // len(srcs)) if sharded else total
-        per_line = max(4, -(-share // (4 * k)) * 4)
+        lines, k = pair_lines(pairs)
+        per_line = line_bytes(-(-total // len(srcs)) if sharded else total, k)
         latency, algo = _transfer(src.machine, lines, per_line, name if eb == 2 else "fp32")
         chips = sorted(mine), sorted(owner[r[0]] for r in dsts)
         stream.record(f"pp send -> {where}", tuple(tuple(t.shape) for t in xs), f"broadcast {algo} x{len(lines)}",

@@ -29,6 +29,18 @@ def lines_ns(machine, lines: tuple, nbytes: int, dtype: str) -> tuple:
     return latency, algo
 
 
+def pair_lines(pairs: list) -> tuple:
+    """(the PE lines, lines per pair) of chip pairs ``pairs`` ((source PEs, destination PEs)
+    each): ``LINES`` per pair at most, spread evenly over each chip's PEs."""
+    k = min(LINES, len(pairs[0][0]), len(pairs[0][1]))
+    return tuple((a[t * len(a) // k], b[t * len(b) // k]) for a, b in pairs for t in range(k)), k
+
+
+def line_bytes(share: int, k: int) -> int:
+    """Bytes each of ``k`` lines carries of a pair's ``share`` (whole words, at least one)."""
+    return max(4, -(-share // (4 * k)) * 4)
+
+
 def chip_transfer_ns(src_chips, dst_chips, nbytes: int, machine=None) -> float:
     """Simulated ns of ``nbytes`` moving from the chips ``src_chips`` to ``dst_chips`` (two
     disjoint lists of one length) of ``machine`` (default: the current one), each source chip
@@ -44,8 +56,5 @@ def chip_transfer_ns(src_chips, dst_chips, nbytes: int, machine=None) -> float:
             raise ValueError(f"chip transfer: chip {c} is outside topology '{machine.name}' ({len(chips)} chips)")
     if nbytes < 1:
         raise ValueError(f"chip transfer: nbytes must be positive, got {nbytes}")
-    k = min(LINES, len(chips[0]))
-    lines = tuple((chips[a][t * len(chips[a]) // k], chips[b][t * len(chips[b]) // k])
-                  for a, b in zip(src, dst) for t in range(k))
-    per_line = max(4, -(-nbytes // (4 * len(lines))) * 4)
-    return float(lines_ns(machine, lines, per_line, "bf16")[0])
+    lines, k = pair_lines([(chips[a], chips[b]) for a, b in zip(src, dst)])
+    return float(lines_ns(machine, lines, line_bytes(-(-nbytes // len(src)), k), "bf16")[0])
