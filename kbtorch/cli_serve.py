@@ -60,6 +60,8 @@ def add_parser(sub, common) -> None:
     o.add_argument("--csv", metavar="PATH", help="write one row per request")
     o.add_argument("--chrome-trace", metavar="PATH", help="write the run's steps, KV share, queue and requests as a "
                    "Chrome/Perfetto trace (with --capacity: the run at the capacity)")
+    o.add_argument("--plot", metavar="PNG", help="write a plot: the run's KV share and queue over time, or with "
+                   "--capacity the P99 of each SLO against the rates tried")
     o.add_argument("--capacity", action="store_true", help="search the highest --qps (the start, default 1) that "
                    "meets every --slo: stable, nothing refused, each P99 within its limit")
     o.add_argument("--tolerance", type=_RATE, default=0.02, help="--capacity: stop when the rates that met and "
@@ -132,6 +134,9 @@ def _cmd_serve(args, machine):
         check_output(args.csv, "--csv", inputs, "requests")
     if args.chrome_trace:
         check_output(args.chrome_trace, "--chrome-trace", inputs, "chrome")
+    if args.plot:
+        check_output(args.plot, "--plot", inputs, "png")
+        serve.plots._plt()          # NOTE: refused before any simulation when matplotlib is missing
     if args.capacity and (not slos or args.concurrency is not None):
         raise ValueError("argument --capacity: needs at least one --slo" if not slos else
                          "argument --capacity: searches an open-loop rate (--qps), not a closed loop (--concurrency)")
@@ -147,9 +152,13 @@ def _cmd_serve(args, machine):
         cap = serve.find_capacity(serve_at, slos, args.qps or 1.0, args.tolerance)
         if cap.best is not None:
             _write(args, cap.best)
+        if args.plot:
+            serve.plot_latency_qps({"capacity search": cap.trials}, args.plot, slos)
         return cap.to_json(), _capacity_text(cap)
     result = serve_at(None)
     _write(args, result)
+    if args.plot:
+        serve.plot_timeline(result, args.plot)
     return result.to_json(), _text(result)
 
 

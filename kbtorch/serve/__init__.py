@@ -22,6 +22,8 @@ from .capacity import Capacity, Trial, search as find_capacity, verdict
 from .kv import BLOCK_TOKENS, KVCache, block_key, capacity_blocks
 from .loop import ROUTERS, Disaggregation, EngineConfig, RequestRecord, StepRecord, simulate
 from .metrics import compute, mlperf_p99, parse_slo, split, write_csv
+from . import plots
+from .plots import plot_latency_qps, plot_timeline
 from .scheduler import SCHEDULERS, BatchEntry, Scheduler, SchedulerConfig
 from .steps import ConstantStep, LinkTransfer, TableStep
 from .workloads import Request, TraceError, Workload, arrivals, azure, lengths, mooncake, plain, rescale, synthetic, trace
@@ -130,5 +132,5 @@ def __getattr__(name):
 __all__ = ["BLOCK_TOKENS", "BatchEntry", "Capacity", "ConstantStep", "Disaggregation", "EngineConfig", "KVCache", "LinkTransfer", "ROUTERS", "Request",
            "RequestRecord", "SCHEDULERS", "Scheduler", "SchedulerConfig", "ServeResult", "SimulatedStep",
            "StepRecord", "TableStep", "TraceError", "Trial", "Workload", "arrivals", "azure", "block_key",
-           "capacity_blocks", "compute", "find_capacity", "lengths", "mlperf_p99", "mooncake", "parse_slo", "plain",
+           "capacity_blocks", "compute", "find_capacity", "lengths", "mlperf_p99", "mooncake", "parse_slo", "plain", "plot_latency_qps", "plot_timeline",
            "rescale", "run", "simulate", "synthetic", "trace", "verdict"]

@@ -32,6 +32,7 @@ length): it is read by the decomposition above, which the held-out error does no
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from contextlib import nullcontext
 
@@ -41,6 +42,7 @@ import torch
 import kbtorch
 
 from ..models.hf import build, fuse_norms, kv_cache, place_plan
+from .cache import StepCache
 from .kv import BLOCK_TOKENS, capacity_blocks
 
 #: Held-out shapes, between grid points: decode batches and prefill chunks.
@@ -73,27 +75,38 @@ class SimulatedStep:
     """Step times of ``model`` (a ``kbtorch.models.hf`` preset or config) on ``topology``."""
 
     def __init__(self, model: str = "qwen2.5-7b", topology: str | None = None, tp: int | None = None, dp: int = 1,
-                 held_out: tuple = HELD_OUT):
+                 held_out: tuple = HELD_OUT, cache: str | None = None):
         self.model_name, self.topology, self.tp, self.dp = model, topology, tp, dp
+        self.cache = StepCache(cache) if cache is not None else None
         with self._machine():
             self.machine = kbtorch.current_machine()
             self.model, _ = build(model, torch.bfloat16, timing_only=True)
             fuse_norms(self.model)
             with kbtorch.timing_only():
                 self.plan, self.where = place_plan(self.model, tp, dp)
-        self._key = (self.machine.digest, model, self.plan)
-        self.simulated, self._kv = 0, None
+        # NOTE: the model by its config's content too: a config file edited is another model.
+        config = hashlib.sha256(self.model.config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
+        self._key = (self.machine.digest, str(model), config, self.plan)
+        self.simulated, self.cached, self._kv = 0, 0, None
         self._error = self._held_out(held_out)
 
     def _machine(self):
         return kbtorch.use(self.topology) if self.topology else nullcontext()
 
     def shape_ns(self, rows: int, new: int, context: int) -> float:
-        """Simulated ns of one forward of the uniform shape: from the memo, or simulated now."""
+        """Simulated ns of one forward of the uniform shape: from the memo, the step cache
+        (``cache``: an SQLite file, ``serve.cache``), or simulated now (and kept in both)."""
         key = (*self._key, rows, new, context)
         if key not in _MEMO:
-            _MEMO[key] = self._forward_ns(rows, new, context)
-            self.simulated += 1
+            got = self.cache.get(key) if self.cache is not None else None
+            if got is None:
+                got = self._forward_ns(rows, new, context)
+                self.simulated += 1
+                if self.cache is not None:
+                    self.cache.put(key, got)
+            else:
+                self.cached += 1
+            _MEMO[key] = got
         return _MEMO[key]
 
     def _forward_ns(self, rows: int, new: int, past: int) -> float:
@@ -201,6 +214,7 @@ class SimulatedStep:
     def describe(self) -> dict:
         return {"kind": "simulated", "model": self.model_name, "machine": self.machine.name,
                 "machine_digest": self.machine.digest, "plan": self.plan, "simulated_shapes": self.simulated,
+                "cached_shapes": self.cached, "step_cache": self.cache.path if self.cache is not None else None,
                 "tables": "decode (rows, 1, context), prefill (1, tokens, context): linear between octaves"}
 
 

@@ -113,14 +113,16 @@ def chunks_of(items: list, workers: int) -> list:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def run_chunk(points: list, paths: list, docs: dict, seconds: float | None, nbytes: int | None) -> list:
+def run_chunk(points: list, paths: list, docs: dict, seconds: float | None, nbytes: int | None,
+              store: str | None = None) -> list:
     """A task: run each point of the chunk in turn on the machine of its checked document
-    (``docs``: ``{(path, overrides): doc}``) -> their figures (import paths set first)."""
+    (``docs``: ``{(path, overrides): doc}``) -> their figures (import paths set first);
+    ``store``: the sweep's store path, given to workloads that take it."""
     add_paths(paths)
     out = []
     for p in points:
         path, doc = docs[(p.topology, p.overrides)]
-        out.append(run_point(p, machine_of_doc(path, doc), seconds, nbytes))
+        out.append(run_point(p, machine_of_doc(path, doc), seconds, nbytes, store))
     return out
 
 
@@ -169,7 +171,8 @@ def execute(spec_or_path, *, workers: int | None = None, scheduler: str | None =
         failed = 0
         with _bar(unique, unique - len(todo), progress) as bar:
             tasks = chunks_of(todo, workers)
-            for chunk, figures in _results(tasks, list(spec.import_paths), docs, workers, scheduler, seconds, nbytes):
+            for chunk, figures in _results(tasks, list(spec.import_paths), docs, workers, scheduler, seconds, nbytes,
+                                           db.path):
                 db.put(spec.name, [(k, p.canonical(), _row(k, p, f)) for (k, p), f in zip(chunk, figures)])
                 ran += len(chunk)
                 failed += sum(1 for f in figures if f.get("error"))
@@ -217,13 +220,13 @@ def _bar(total: int, initial: int, enabled: bool):
     return tqdm(total=total, initial=initial, unit="pt", file=sys.stderr, disable=not enabled, dynamic_ncols=True)
 
 
-def _results(chunks: list, paths: list, docs: dict, workers: int, scheduler: str | None, seconds, nbytes):
+def _results(chunks: list, paths: list, docs: dict, workers: int, scheduler: str | None, seconds, nbytes, store):
     """Yield ``(chunk, figures)`` as chunks finish: in process for one worker, else on Dask."""
     if not chunks:
         return
     if workers == 1 and scheduler is None:
         for chunk in chunks:
-            yield chunk, run_chunk([p for _, p in chunk], paths, docs, seconds, nbytes)
+            yield chunk, run_chunk([p for _, p in chunk], paths, docs, seconds, nbytes, store)
         return
     import dask
     from distributed import Client, LocalCluster, wait
@@ -236,7 +239,7 @@ def _results(chunks: list, paths: list, docs: dict, workers: int, scheduler: str
                                                        dashboard_address=None, silence_logs=logging.ERROR)
     client = Client(scheduler, timeout=f"{3 * SCHEDULER_TIMEOUT_S:g}s") if scheduler else Client(cluster)
     try:
-        futures = {client.submit(run_chunk, [p for _, p in c], paths, _docs_of(c, docs), seconds, nbytes,
+        futures = {client.submit(run_chunk, [p for _, p in c], paths, _docs_of(c, docs), seconds, nbytes, store,
                                  pure=False): c for c in chunks}
         # NOTE: a worker stuck in a call that never returns to Python (where the per-point
         # limit cannot reach it) must not hang the sweep: if no chunk finishes within a whole

@@ -26,6 +26,10 @@ from .guard import PointTimeout, guard
 __all__ = ["Workload", "parse_workload", "add_paths", "run_point", "measure"]
 
 _SINGLE_LIST = ("pes", "shape")
+#: The keywords the sweep fills in for an ``fn`` workload, never the spec: ``machine`` (the
+#: point's), and ``store`` when the function takes it (the path of the sweep's store, for a
+#: cache that outlives the point: ``kbtorch.serve.sweep``'s step times).
+FILLED = ("machine", "store")
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,7 @@ def _signature(target: str, path, field, error, paths=()):
         return None
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return None
-    return [n for n in params if n != "machine"]
+    return [n for n in params if n not in FILLED]
 
 
 def _shadowed(target: str, paths) -> str:
@@ -232,10 +236,11 @@ def convert(op: str, params: dict, machine) -> dict:
     return out
 
 
-def run_point(point, machine=None, seconds: float | None = None, nbytes: int | None = None) -> dict:
+def run_point(point, machine=None, seconds: float | None = None, nbytes: int | None = None,
+              store: str | None = None) -> dict:
     """Run one point (on ``machine``, else its topology loaded) within ``seconds`` of wall
     time and ``nbytes`` of new memory (``guard``) -> its row of figures (``error`` set,
-    figures empty, if it failed)."""
+    figures empty, if it failed); ``store``: the sweep's store, for a function taking it."""
     t0 = time.perf_counter()
     try:
         with guard(seconds, nbytes):
@@ -243,7 +248,8 @@ def run_point(point, machine=None, seconds: float | None = None, nbytes: int | N
                 machine = load_machine(point.topology, dict(point.overrides) or None)
             ops.load_families()      # NOTE: a fresh worker process has imported only what kbtorch imports
             fn = resolve(point.op) if ":" in point.op else family(point.op)
-            row = measure(fn(machine=machine, **convert(point.op, dict(point.params), machine)))
+            extra = {"store": store} if ":" in point.op and _takes_store(fn) else {}
+            row = measure(fn(machine=machine, **extra, **convert(point.op, dict(point.params), machine)))
     except SystemExit as exc:
         # NOTE: a workload that calls sys.exit() fails its point; it never ends the sweep.
         row = {"error": f"SystemExit: the workload called sys.exit({exc.code!r})"}
@@ -257,6 +263,13 @@ def run_point(point, machine=None, seconds: float | None = None, nbytes: int | N
         row = {"error": f"{type(exc).__name__}: {exc}"}
     row["wall_s"] = time.perf_counter() - t0
     return row
+
+
+def _takes_store(fn) -> bool:
+    try:
+        return "store" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def measure(run) -> dict:
