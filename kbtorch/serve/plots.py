@@ -48,10 +48,7 @@ def plot_latency_qps(curves: dict, path: str, slos: dict | None = None) -> str:
         ax.set_ylabel(f"P99 {name.upper()} (ms)")
         ax.set_yscale("log")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _saved(plt, fig, path)
 
 
 def _pair(t) -> tuple:
@@ -79,6 +76,10 @@ def plot_timeline(result, path: str) -> str:
     queue.set_ylim(bottom=0)
     queue.set_xlabel("time (s)")
     kv.legend(fontsize=8)
+    return _saved(plt, fig, path)
+
+
+def _saved(plt, fig, path: str) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
