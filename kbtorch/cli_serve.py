@@ -53,6 +53,8 @@ def add_parser(sub, common) -> None:
     s.add_argument("--step-table", metavar="CSV", help="--step table: new_tokens,context_tokens,step_ns")
     s.add_argument("--model", default="qwen2.5-7b", help="--step simulated: a kbtorch.models.hf preset or config")
     s.add_argument("--tp", type=_positive_int, help="--step simulated: tensor parallel over N chips")
+    s.add_argument("--step-cache", metavar="SQLITE", help="--step simulated: read and keep simulated step times in "
+                   "this file (a sweep's store works: table serve_steps), so a later run starts warm")
     o = p.add_argument_group("output")
     o.add_argument("--slo", action="append", default=[], metavar="NAME=VALUE", help="ttft=2s, tpot=200ms, e2el=...")
     o.add_argument("--warmup", type=float, default=0.1, help="share of requests left out first")
@@ -106,7 +108,8 @@ def _step_model(args, serve):
         model = serve.TableStep.read(args.step_table)
     else:
         from .serve.simulated import SimulatedStep
-        model = SimulatedStep(args.model, getattr(args, "topology", None), args.tp, args.replicas)
+        model = SimulatedStep(args.model, getattr(args, "topology", None), args.tp, args.replicas,
+                              cache=args.step_cache)
         if args.kv_blocks is None:
             return model, model.kv_blocks(args.hbm_utilization, args.block_tokens)
     if args.kv_blocks is None:
@@ -129,7 +132,8 @@ def _cmd_serve(args, machine):
     slos = _slos(args.slo)
     for name, value in slos.items():
         serve.parse_slo(name, value)
-    inputs = {args.workload_trace: "the workload trace the run reads", args.step_table: "the step table the run reads"}
+    inputs = {args.workload_trace: "the workload trace the run reads", args.step_table: "the step table the run reads",
+              args.step_cache: "the step cache the run keeps"}
     if args.csv:
         check_output(args.csv, "--csv", inputs, "requests")
     if args.chrome_trace:
@@ -140,6 +144,8 @@ def _cmd_serve(args, machine):
     if args.capacity and (not slos or args.concurrency is not None):
         raise ValueError("argument --capacity: needs at least one --slo" if not slos else
                          "argument --capacity: searches an open-loop rate (--qps), not a closed loop (--concurrency)")
+    if args.step_cache and args.step != "simulated":
+        raise ValueError(f"argument --step-cache: keeps simulated step times (--step simulated, not {args.step})")
     model, blocks = _step_model(args, serve)
     limits = serve.SchedulerConfig(args.max_num_batched_tokens, args.max_num_seqs, args.chunk_tokens)
     pd = _disaggregation(args, serve, model)

@@ -142,3 +142,20 @@ def test_cli_plot(tmp_path, capsys, plt):
     qps = tmp_path / "qps.png"
     assert main([*argv, "--capacity", "--slo", "ttft=100ms", "--tolerance", "0.2", "--plot", str(qps)]) == 0
     assert qps.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_serve_cli_step_cache(tmp_path, capsys, fresh_memo):
+    path = str(tmp_path / "steps.sqlite")
+    argv = ["serve", "--topology", TINY, "--step", "simulated", "--model", "tiny-qwen2", "--step-cache", path,
+            "--requests", "3", "--qps", "2", "--input-tokens", "48", "--output-tokens", "3", "--json"]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)["step_model"]
+    assert first["simulated_shapes"] > 0 and first["cached_shapes"] == 0 and first["step_cache"] == path
+    fresh_memo._MEMO.clear()
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out)["step_model"]
+    assert (again["simulated_shapes"], again["cached_shapes"]) == (0, first["simulated_shapes"])
+    assert main(["serve", "--kv-blocks", "8", "--step-cache", path, "--json"]) == 2
+    assert "--step-cache" in capsys.readouterr().out
+    assert main(argv[:-1] + ["--csv", path]) == 2               # the cache is an input: never overwritten
+    assert "is the step cache the run keeps" in capsys.readouterr().err

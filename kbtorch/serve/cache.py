@@ -46,7 +46,8 @@ class StepCache:
             self._db.execute(_SCHEMA)
             cols = [row[1] for row in self._db.execute("PRAGMA table_info(serve_steps)")]
         except sqlite3.Error as exc:
-            raise ValueError(f"step cache {path!r}: {exc}") from None
+            code = getattr(exc, "sqlite_errorname", None)
+            raise ValueError(f"step cache {path!r}: {exc}{f' ({code})' if code else ''}") from None
         if cols != ["key", "version", "ns"]:
             self._db.close()
             raise ValueError(f"step cache {path!r}: its table serve_steps has columns {cols}, not key, version, ns")
