@@ -135,12 +135,20 @@ OTHERS = [
     ("qwen_layer", ["--batch", "0", "--json"], "--batch must be positive, got 0"),
     ("qwen_layer", ["--topology", "nope", "--json"], "unknown topology"),
     ("transfer_sweep", ["--topologies", "nope"], "nope: name: unknown topology"),
+    ("serve_capacity", ["--plans", "tp8,tp3", "--json"], "argument --plans: unknown plan(s) tp3"),
+    ("serve_capacity", ["--requests", "0", "--json"], "argument --requests: 0 (give at least 1)"),
 ]
 
 
 @pytest.mark.parametrize("name,argv,fault", OTHERS, ids=[f"{n} {' '.join(a)}" for n, a, _ in OTHERS])
 def test_example_bad_argument(capsys, name, argv, fault):
     _refused(capsys, name, argv, fault)
+
+
+def test_serve_capacity_refuses_a_step_cache_it_would_overwrite(capsys):
+    pytest.importorskip("transformers")
+    readme = str(EXAMPLES.parent / "README.md")
+    _refused(capsys, "serve_capacity", ["--step-cache", readme, "--json"], "not an SQLite file", fast=False)
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in EXAMPLES.glob("*.py")))
