@@ -19,7 +19,7 @@ from .tensor.placement.mesh import Mesh, chip_mesh, init_device_mesh, replica
 from .tensor.placement.spec import Partial, Replicate, Shard, default_spec, home
 from .tensor.tensor import distribute_tensor, timing_only
 from .topology import current_machine, use
-from .kernel import use_fidelity
+from .kernel import current_fidelity, use_fidelity
 
 _register()
 _compile.listen_for_breaks()
@@ -27,4 +27,4 @@ _compile.listen_for_breaks()
 __all__ = ["graph", "graphed", "ColwiseParallel", "ExpertParallel", "HbmFull", "Mesh", "ParallelStyle", "Partial",
            "PipelineParallel", "Replicate", "ReplicateParallel", "RowwiseParallel", "Shard", "check_hbm", "chip_mesh", "chip_transfer_ns", "current_machine", "default_spec", "distribute_tensor",
            "expert_parallel", "hbm_peaks", "home", "init_device_mesh", "parallelize_module", "pipeline_parallel", "profile",
-           "replica", "reset", "reset_hbm_peaks", "timing_only", "tp_plan", "use", "use_fidelity"]
+           "replica", "reset", "reset_hbm_peaks", "timing_only", "tp_plan", "use", "use_fidelity", "current_fidelity"]

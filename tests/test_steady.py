@@ -95,3 +95,29 @@ def test_groups_side_by_side_alike_are_fast_forwarded_together_unlike_are_not():
     assert got["auto"].latency_ps == got["exact"].latency_ps and got["auto"].pe_finish_ps == got["exact"].pe_finish_ps
     unlike = [alike[0], dict(ag, group="cube:1", op="max")]     # the same rounds, another collective
     assert concurrent_run(unlike, machine="ahbm", mode="fast")[0].obtained.method == "simulated"
+
+
+def test_caches_of_simulated_runs_are_keyed_by_fidelity():
+    """A run cached under one fidelity is never the answer under another: the decorator, and
+    the tensor layer's cached collectives (a redistribution) through it."""
+    calls = []
+
+    @steady.by_fidelity(8)
+    def timed(x):
+        calls.append((steady.current_fidelity(), x))
+        return x
+
+    for fid in ("auto", "exact", "auto", "exact"):
+        with use_fidelity(fid):
+            assert timed(3) == 3
+    assert calls == [("auto", 3), ("exact", 3)] and timed.cache_info().currsize == 2
+    timed.cache_clear()
+    assert timed.cache_info().currsize == 0
+    from kbtorch.tensor.redistribute import _timed
+    machine = load_machine("ahbm")
+    lines = (tuple(range(8)),)
+    got = {}
+    for fid in ("auto", "exact"):
+        with use_fidelity(fid):
+            got[fid] = _timed(machine, "all_gather", lines, 8 * 8192, "bf16")[2]
+    assert {f: r.obtained.fidelity for f, r in got.items()} == {"auto": "auto", "exact": "exact"}

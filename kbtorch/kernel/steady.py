@@ -24,6 +24,7 @@ program, under its whole concurrent mix; only repeats observed to be alike are s
 from __future__ import annotations
 
 import contextvars
+import functools
 from collections import Counter
 from dataclasses import asdict, dataclass
 
@@ -83,6 +84,28 @@ class use_fidelity:
 
     def __exit__(self, *exc) -> None:
         _FIDELITY.reset(self._token)
+
+
+def current_fidelity() -> str:
+    """The fidelity in force (``use_fidelity``; default ``auto``)."""
+    return _FIDELITY.get()
+
+
+def by_fidelity(maxsize: int):
+    """``functools.lru_cache(maxsize)`` keyed by the fidelity in force too: a cached run of
+    one fidelity is never the answer under another (``use_fidelity``). ``cache_clear`` and
+    ``cache_info`` as lru_cache's (``state.cache`` registers it)."""
+    def wrap(fn):
+        @functools.lru_cache(maxsize=maxsize)
+        def at(fidelity, *args, **kw):
+            return fn(*args, **kw)
+
+        @functools.wraps(fn)
+        def cached(*args, **kw):
+            return at(_FIDELITY.get(), *args, **kw)
+        cached.cache_clear, cached.cache_info = at.cache_clear, at.cache_info
+        return cached
+    return wrap
 
 
 def simulated(result, fidelity: str = "exact"):

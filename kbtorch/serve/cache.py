@@ -1,6 +1,6 @@
 """Simulated step times that survive the process: a table ``serve_steps`` in an SQLite file
 (a sweep's store, ``kbtorch sweep``, or a file of its own), keyed by everything the time depends
-on (the machine's content digest, the model, the plan in words, the shape) and the kbtorch
+on (the machine's content digest, the model, the plan in words, the fidelity, the shape) and the kbtorch
 version that simulated it.
 
 Every point of a sweep that serves on the same machine reads the shapes any earlier point

@@ -94,9 +94,11 @@ class SimulatedStep:
         return kbtorch.use(self.topology) if self.topology else nullcontext()
 
     def shape_ns(self, rows: int, new: int, context: int) -> float:
-        """Simulated ns of one forward of the uniform shape: from the memo, the step cache
-        (``cache``: an SQLite file, ``serve.cache``), or simulated now (and kept in both)."""
-        key = (*self._key, rows, new, context)
+        """Simulated ns of one forward of the uniform shape at the fidelity in force: from the
+        memo, the step cache (``cache``: an SQLite file, ``serve.cache``), or simulated now (and
+        kept in both)."""
+        # NOTE: the fidelity in force too (``kbtorch.use_fidelity``): a time of one is never read under another.
+        key = (*self._key, kbtorch.current_fidelity(), rows, new, context)
         if key not in _MEMO:
             got = self.cache.get(key) if self.cache is not None else None
             if got is None:

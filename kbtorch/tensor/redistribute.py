@@ -22,11 +22,12 @@ of 2 x members elements (the padding is timed, it is what a kernel would move).
 """
 from __future__ import annotations
 
-from functools import lru_cache, partial
+from functools import partial
 from math import prod
 
 import torch
 
+from ..kernel import by_fidelity
 from ..ops.collective.side_by_side import on_groups_run
 from .dispatch import root, uid
 from .placement.spec import Partial, Replicate, Shard, Spec
@@ -61,7 +62,7 @@ def _kind(old, new) -> str | None:
 @state.cache
 
 
-@lru_cache(maxsize=512)
+@by_fidelity(512)
 def _timed(machine, kind: str, lines: tuple, nbytes: int, dtype: str) -> tuple:
     """(latency ns, algorithm, RunResult) of the collective on every line at once (``on_groups_run``)."""
     return on_groups_run(kind, list(lines), nbytes=nbytes, dtype=dtype, machine=machine)

@@ -6,11 +6,11 @@ Every kernel runs on the machine of the op's tensors (passed in); caches are key
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable
 
 import torch
 
+from ..kernel import by_fidelity
 from ..kernel.api import build
 from ..ops.contract import dtype_of
 from ..ops.vector import elementwise, elementwise_kernel
@@ -72,7 +72,7 @@ def vector(machine, op: str, numel: int, *, placed=None, pes=None, shape=None, i
 @state.cache
 
 
-@lru_cache(maxsize=1024)
+@by_fidelity(1024)
 def _vector(machine, op, n, pes, inputs, dtype, elem_bytes, flops_per_element, out_ratio, copies):
     # NOTE: cached: the simulator is deterministic, so a layer repeated 28 times is simulated once.
     run = elementwise(op, n, inputs=inputs, dtype=dtype, elem_bytes=elem_bytes, machine=machine, pes=pes,

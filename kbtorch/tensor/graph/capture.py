@@ -34,6 +34,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ...ops.contract import bottleneck, memory_bytes
+from ...kernel import current_fidelity
 from ...kernel.door import paused_gc
 from ...topology import current_machine
 from ...topology.select import as_machine
@@ -272,9 +273,9 @@ class Graph:
             return
         machine = self.machine or current_machine()
         # NOTE: the keys are known before fusion builds anything: a cached graph costs a lookup.
-        # They hold the machine itself, not its id: a machine that died (a sweep's point) could
+        # They hold the fidelity in force, and the machine itself, not its id: a machine that died (a sweep's point) could
         # leave its id to another machine, which would then be served the first one's timing.
-        how = (machine, self.mode, self.periodic, self.order, self.overlap)
+        how = (machine, current_fidelity(), self.mode, self.periodic, self.order, self.overlap)
         key, like = how + (fusion.key(self),), how + (fusion.shape_key(self),)
         got = _CACHE.get(key)
         self.cached, self.retimed = got is not None, False

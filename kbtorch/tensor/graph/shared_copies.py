@@ -21,8 +21,8 @@ nothing changes. Values are untouched: the pass rewrites the timing plan only.
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
 
+from ...kernel import by_fidelity
 from ...kernel import run_programs
 from ...ops.vector import pass_mode
 from ...kernel.door import Fetch, Send, Signal, Wait
@@ -71,7 +71,7 @@ def memories(machine, pes) -> tuple:
 @state.cache
 
 
-@lru_cache(maxsize=1024)
+@by_fidelity(1024)
 def split_pass(machine, vec) -> tuple | None:
     """(programs, latency alone in ps) of a replicated vector pass run once per memory
     (module docstring), or None when it is not replicated or no two of its PEs share a
@@ -98,7 +98,7 @@ def split_pass(machine, vec) -> tuple | None:
 @state.cache
 
 
-@lru_cache(maxsize=1024)
+@by_fidelity(1024)
 def _whole_ps(machine, vec) -> int:
     """Latency alone of a fused pass run whole on every PE: the programs ``fusion`` built
     from the same parameters, simulated once per pass, not at every rewrite."""

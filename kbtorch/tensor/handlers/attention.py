@@ -16,12 +16,12 @@ Q rows and K/V of its work items) is taken as given, like the GEMM's (see docs/m
 """
 from __future__ import annotations
 
-from functools import lru_cache
 from math import prod
 
 import torch
 import torch.nn.functional as F
 
+from ...kernel import by_fidelity
 from ...ops.attention import attention
 from ..dispatch import Out, host_call, register, same_device, value_of
 from ..placement.spec import Shard, scoped_pes
@@ -35,7 +35,7 @@ NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"
 @state.cache
 
 
-@lru_cache(maxsize=128)
+@by_fidelity(128)
 def _fused(machine, shape: tuple, causal: bool, scale, dtype: str, pes: tuple | None = None):
     return attention(shape=shape, is_causal=causal, scale=scale, dtype=dtype, machine=machine,
                      pes=list(pes) if pes else None)

@@ -18,10 +18,11 @@ Kernels are cached per shape (the simulator is deterministic). The bias of ``add
 """
 from __future__ import annotations
 
-from functools import lru_cache, partial
+from functools import partial
 
 import torch
 
+from ...kernel import by_fidelity
 from ...ops.gemm import gemm
 from ..dispatch import Out, refuse, register, same_device, value_of
 from ..placement.sharding import flat, placement, settle_partial, to_all
@@ -36,7 +37,7 @@ aten = torch.ops.aten
 @state.cache
 
 
-@lru_cache(maxsize=256)
+@by_fidelity(256)
 def _gemm(machine, m: int, n: int, k: int, dtype: str, slices: str | None = None, pes: tuple | None = None):
     """The GEMM on all PEs (``fit``: or on as many as a small shape can use), or with
     ``slices`` ("n", "k") every PE of ``pes`` multiplying its own slice of the operands

@@ -35,10 +35,10 @@ Modeling choices:
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
 
 import torch
 
+from ...kernel import by_fidelity
 from ...ops.collective.side_by_side import on_groups_run
 from .. import stream
 from ..dispatch import is_ahbm, value_of
@@ -219,7 +219,7 @@ def _lines(rows: tuple) -> list:
 @state.cache
 
 
-@lru_cache(maxsize=256)
+@by_fidelity(256)
 def _all_to_all(machine, rows: tuple, block_bytes: int, dtype: str, eb: int) -> tuple:
     """(latency ns, algorithm, RunResult, bytes) of the padded all-to-all of ``block_bytes``
     per (source, destination) chip pair, split over the lines."""
@@ -233,7 +233,7 @@ def _all_to_all(machine, rows: tuple, block_bytes: int, dtype: str, eb: int) -> 
 @state.cache
 
 
-@lru_cache(maxsize=256)
+@by_fidelity(256)
 def _chip_reduce(machine, rows: tuple, nbytes: int, dtype: str, eb: int):
     """The all-reduce of ``nbytes`` inside every chip at once (None on one-PE chips)."""
     if len(rows[0]) < 2 or not nbytes:
@@ -247,7 +247,7 @@ def _chip_reduce(machine, rows: tuple, nbytes: int, dtype: str, eb: int):
 @state.cache
 
 
-@lru_cache(maxsize=256)
+@by_fidelity(256)
 def _experts(machine, rows: tuple, per_expert: tuple, h: int, i: int, dtype: str, eb: int, act: str):
     """The routed experts' GEMMs and activations on their chips, all chips in ONE
     simulation -> (RunResult, parts, flops), or None if no expert has rows."""

@@ -8,8 +8,8 @@ routing).
 """
 from __future__ import annotations
 
-from functools import lru_cache
 
+from ...kernel import by_fidelity
 from ...ops.collective.side_by_side import on_groups_run
 from ...topology import current_machine
 from ..placement.mesh import chips_of
@@ -21,7 +21,7 @@ LINES = 4
 
 
 @state.cache
-@lru_cache(maxsize=1024)
+@by_fidelity(1024)
 def lines_ns(machine, lines: tuple, nbytes: int, dtype: str) -> tuple:
     """(latency ns, algorithm) of ``nbytes`` from the first to the second PE of every line, at once."""
     latency, algo, _ = on_groups_run("broadcast", [list(line) for line in lines], nbytes=nbytes, dtype=dtype,
