@@ -84,6 +84,25 @@ class Profile:
         bookkeeping, a script's own tensor ops): ``total_ns - model_ns``."""
         return sum(r.latency_ns for r in self.records if not r.module)
 
+    def obtained(self) -> dict:
+        """How the recorded ops' figures were obtained (``kernel.steady.Obtained``): the ops by
+        method (``simulated``: every event; ``fast-forward``; ``none``: no run behind it) and
+        by fidelity, and over the distinct runs behind them (an op repeated from a memoized
+        run, a layer of 28, counts once) the events simulated and skipped and the largest
+        error bound claimed, relative to a run's latency."""
+        methods, fidelities, runs = {}, {}, {}
+        for r in self.records:
+            o = r.obtained
+            method = o.method if o is not None else "none"
+            methods[method] = methods.get(method, 0) + 1
+            if o is not None:
+                fidelities[o.fidelity] = fidelities.get(o.fidelity, 0) + 1
+                runs[id(o)] = o
+        return {"ops_by_method": methods, "ops_by_fidelity": fidelities, "runs": len(runs),
+                "events_simulated": sum(o.events_simulated for o in runs.values()),
+                "events_skipped": sum(o.events_skipped for o in runs.values()),
+                "error_bound": max((o.error_bound for o in runs.values()), default=0.0)}
+
     def key_averages(self) -> "KeyAverages":
         return KeyAverages(self.records)
 

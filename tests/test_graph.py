@@ -288,7 +288,7 @@ def _decode(model, ids, steps: int) -> tuple:
     """Greedy decode with a DynamicCache, every forward a graph: (graph latencies, counts)."""
     from transformers import DynamicCache
     kbtorch.graphed(model)
-    cache, lat, tokens = DynamicCache(), [], []
+    cache, lat, tokens, how = DynamicCache(), [], [], []
     with torch.no_grad():
         out = model(ids, past_key_values=cache, use_cache=True)
         for _ in range(steps):
@@ -296,7 +296,8 @@ def _decode(model, ids, steps: int) -> tuple:
             tokens.append(tok.cpu())
             out = model(tok, past_key_values=out.past_key_values, use_cache=True)
             lat.append(model.forward.last.latency_ns)
-    return lat, dict(model.forward.graphs), torch.cat(tokens, -1)
+            how.append(model.forward.last.schedule.result.obtained)
+    return lat, dict(model.forward.graphs), torch.cat(tokens, -1), how
 
 
 def test_dynamic_cache_steps_are_retimed_within_the_tolerance(small, monkeypatch):
@@ -309,7 +310,10 @@ def test_dynamic_cache_steps_are_retimed_within_the_tolerance(small, monkeypatch
         kbtorch.reset("kbtorch.tensor.graph.capture")
         model, _ = build("tiny-qwen2")
         runs[tol] = _decode(model.to("ahbm"), ids, 4)
-    (full, fcount, ftok), (fast, count, tok) = runs[-1.0], runs[graph_mod.RETIME_TOLERANCE]
+    (full, fcount, ftok, fhow), (fast, count, tok, how) = runs[-1.0], runs[graph_mod.RETIME_TOLERANCE]
+    assert all(o.method in ("simulated", "periodic") for o in fhow)    # each step's record says how
+    retimed = [o for o in how if o.method == "retimed"]
+    assert retimed and all(0 <= o.error_bound <= graph_mod.RETIME_TOLERANCE and o.events_simulated == 0 for o in retimed)
     assert torch.equal(tok, ftok)                                   # numerics do not depend on timing
     assert fcount["retimed"] == 0 and fcount["simulated"] == 5      # prefill + 4 steps, each a new KV length
     assert count["retimed"] >= 2 and count["simulated"] + count["retimed"] == 5
@@ -431,3 +435,37 @@ def test_the_tiny_llamas_batch_1_plan_keeps_the_rotary_tables_dependencies():
     with torch.no_grad(), kbtorch.graph() as g:
         model(torch.randint(0, 100, (1, 6)).to("ahbm"))
     _plan_keeps_every_dependency(g)
+
+
+def test_every_record_says_how_it_was_obtained(small):
+    """Eager ops and a graph's launch carry their run's record (``Profile.obtained``), of the
+    fidelity in force; an op repeated from a memoized run counts as one run."""
+    w, b = torch.randn(32, 32).to("ahbm"), torch.randn(32).to("ahbm")
+    xa = torch.randn(8, 32).to("ahbm")
+    fn = _fn(w, b)
+    for fid in ("exact", "auto"):
+        with kbtorch.profile(fidelity=fid) as eager:
+            fn(xa)
+            fn(xa)
+        got = eager.obtained()
+        n = len(eager.records)
+        assert got["ops_by_method"] == {"simulated": n} and got["ops_by_fidelity"] == {fid: n}
+        assert 0 < got["runs"] <= n // 2 and got["events_simulated"] > 0 and got["events_skipped"] == 0
+        with kbtorch.profile(fidelity=fid) as prof, kbtorch.graph():
+            fn(xa)
+        assert prof.obtained()["ops_by_fidelity"] == {fid: 1} and prof.records[0].obtained.method == "simulated"
+
+
+def test_a_periodic_graph_records_the_blocks_it_skipped(small):
+    ws = [torch.randn(32, 32).to("ahbm") for _ in range(8)]
+    xa = torch.randn(8, 32).to("ahbm")
+
+    def layers(x):
+        for w in ws:
+            x = torch.nn.functional.silu(x @ w)
+        return x
+    with kbtorch.profile(fidelity="exact") as prof, kbtorch.graph():
+        layers(xa)
+    o = prof.records[0].obtained
+    assert (o.fidelity, o.method) == ("exact", "periodic") and o.repeats_skipped > 0
+    assert o.skipped_ps > 0 and o.events_skipped > 0 and 0 <= o.error_bound < 0.005

@@ -167,7 +167,7 @@ def _record(mesh, dim: int, kind: str, label: str, shape: tuple, numel: int, eb:
         split = rows(mesh.machine, kind, lines, shape, numel, eb, dtype)
         graph.kernel(mesh.machine, Timed(*what, result, 0, detail, split, lines))
     else:
-        record(*what, latency, bytes=elems * eb * len(lines), detail=detail)
+        record(*what, latency, bytes=elems * eb * len(lines), detail=detail, obtained=result.obtained)
 
 
 def full_tensor(x) -> torch.Tensor:

@@ -39,6 +39,7 @@ class OpRecord:
     parts: tuple = field(default=(), compare=False, repr=False)     # a graph's kernels (start_ns: from its start)
     track: str = ""         # the trace track of an op of a pipeline stage (``TRACK``); "": its kernel's
     module: str = ""        # the outermost ``nn.Module`` class whose call ran it; "": none (host code)
+    obtained: object = field(default=None, compare=False, repr=False)   # how its run was (``kernel.steady.Obtained``)
 
     @property
     def tflops(self) -> float:
@@ -158,4 +159,4 @@ def record_run(machine, run) -> OpRecord | None:
     r = run.result
     nbytes, neck, use = summary(machine, r)
     return record(run.name, run.shapes, run.kernel, r.latency_ns, flops=run.flops, bytes=nbytes,
-                  bottleneck=neck, detail=run.detail, usage=use, timeline=r.timeline or None)
+                  bottleneck=neck, detail=run.detail, usage=use, timeline=r.timeline or None, obtained=r.obtained)

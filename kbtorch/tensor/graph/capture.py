@@ -374,4 +374,5 @@ def _record(graph: Graph, machine, plan, sched) -> None:
     stream.record(graph.name, (), f"graph of {len(plan.kernels)} kernels", r.latency_ns,
                     flops=sum(k.flops for k in plan.kernels), bytes=memory_bytes(machine, r, None),
                     bottleneck=kind_name(bottleneck(r)), detail=f"{len(graph.nodes)} ops, {len(graph.kernels)} kernels before "
-                    f"fusion, {sched.commands} commands, one launch{how}", parts=tuple(parts))
+                    f"fusion, {sched.commands} commands, one launch{how}", parts=tuple(parts),
+                    obtained=r.obtained)

@@ -3,7 +3,7 @@ three repeats in one run and the rest following at the period that run measured
 (docs/model.md, Graph mode, "Periodic graphs")."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .join import Scheduled, simulate
 
@@ -83,8 +83,15 @@ def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str
         finish += [run.finish_ps[i] + shift for i in last]
     ready += [t + extra for t in run.ready_ps[cut:]]
     finish += [t + extra for t in run.finish_ps[cut:]]
+    before = max(run.finish_ps[i] for i in prev) - max(run.finish_ps[i] for i in range(prev.start - per.length, prev.start))
     run.result.latency_ps += extra
     run.result.extrapolated = (per, step)
+    # NOTE: the record: blocks skipped (their events estimated per kernel kept), and as the
+    # claimed error the change between the last two simulated periods carried over them.
+    r = run.result
+    r.obtained = replace(r.obtained, method="periodic", repeats_skipped=per.count - k, skipped_ps=extra,
+                         events_skipped=round(r.events * (per.count - k) * per.length / len(keep)), samples=(k,),
+                         error_bound=abs(step - before) * (per.count - k) / r.latency_ps)
     return Scheduled(run.result, tuple(ready), tuple(finish), run.commands)
 
 

@@ -180,21 +180,24 @@ def record_ep(machine, rows: tuple, counts: tuple, h: int, i: int, dtype: str, e
     a2a = _all_to_all(machine, rows, block * h * eb, dtype, eb) if block else None
     if a2a:
         stream.record("ep dispatch (all_to_all)", shapes, f"all_to_all {a2a[1]} x{len(_lines(rows))}", a2a[0],
-                      bytes=a2a[3], detail=f"{c} chips, {block} rows per block, {_summary(counts)}")
+                      bytes=a2a[3], detail=f"{c} chips, {block} rows per block, {_summary(counts)}",
+                      obtained=a2a[2].obtained)
     sched = _experts(machine, rows, tuple(per_expert), h, i, dtype, eb, act)
     if sched is not None:
         result, parts, flops = sched
         nbytes, neck, use = stream.summary(machine, result)
         stream.record("ep experts", shapes, "grouped gemm on chips", result.latency_ns, flops=flops, bytes=nbytes,
                       bottleneck=neck, usage=use, detail=f"{sum(1 for m in per_expert if m)} of "
-                      f"{len(per_expert)} experts routed: {_summary(counts)}", parts=parts)
+                      f"{len(per_expert)} experts routed: {_summary(counts)}", parts=parts,
+                      obtained=result.obtained)
         red = _chip_reduce(machine, rows, max(per_expert) * h * eb, dtype, eb)
         if red:
             stream.record("ep reduce (all_reduce in chips)", shapes, f"all_reduce {red[1]} x{c}", red[0],
-                          bytes=red[3], detail=f"down GEMM partial sums, {len(rows[0])} PEs per chip")
+                          bytes=red[3], detail=f"down GEMM partial sums, {len(rows[0])} PEs per chip",
+                          obtained=red[2].obtained)
     if a2a:
         stream.record("ep combine (all_to_all)", shapes, f"all_to_all {a2a[1]} x{len(_lines(rows))}", a2a[0],
-                      bytes=a2a[3], detail=f"{c} chips, {block} rows per block")
+                      bytes=a2a[3], detail=f"{c} chips, {block} rows per block", obtained=a2a[2].obtained)
     pairs = sum(per_expert)
     if pairs:
         all_pes = tuple(p for r in rows for p in r)

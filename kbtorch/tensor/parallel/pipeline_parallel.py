@@ -248,12 +248,12 @@ class Pipeline:
         total = sum(t.numel() * value_of(t).element_size() for t in xs)
         lines, k = pair_lines(pairs)
         per_line = line_bytes(-(-total // len(srcs)) if sharded else total, k)
-        latency, algo = _transfer(src.machine, lines, per_line, name if eb == 2 else "fp32")
+        latency, algo, obtained = _transfer(src.machine, lines, per_line, name if eb == 2 else "fp32")
         chips = sorted(mine), sorted(owner[r[0]] for r in dsts)
         stream.record(f"pp send -> {where}", tuple(tuple(t.shape) for t in xs), f"broadcast {algo} x{len(lines)}",
                       latency,
                       bytes=per_line * len(lines), detail=f"chips {chips[0]} -> {chips[1]}, {total} bytes",
-                      track="pp sends")
+                      track="pp sends", obtained=obtained)
 
 
     # -- a call: micro-batches through the stages ------------------------------------------------
