@@ -140,7 +140,7 @@ def _cmd_serve(args, machine):
         check_output(args.chrome_trace, "--chrome-trace", inputs, "chrome")
     if args.plot:
         check_output(args.plot, "--plot", inputs, "png")
-        serve.plots._plt()          # NOTE: refused before any simulation when matplotlib is missing
+        serve.plots.pyplot()        # NOTE: refused before any simulation when matplotlib is missing
     if args.capacity and (not slos or args.concurrency is not None):
         raise ValueError("argument --capacity: needs at least one --slo" if not slos else
                          "argument --capacity: searches an open-loop rate (--qps), not a closed loop (--concurrency)")

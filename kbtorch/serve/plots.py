@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from .metrics import parse_slo
 
-__all__ = ["plot_latency_qps", "plot_timeline"]
+__all__ = ["plot_latency_qps", "plot_timeline", "pyplot"]
 #: The panels' order.
 ORDER = ("ttft", "tpot", "e2el")
 
 
-def _plt():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or an ImportError naming the extra to install."""
     try:
         import matplotlib
     except ImportError:
@@ -32,7 +33,7 @@ def plot_latency_qps(curves: dict, path: str, slos: dict | None = None) -> str:
     names = [n for n in ORDER if n in found] + sorted(found - set(ORDER))
     if not names:
         raise ValueError("plot_latency_qps: no P99 figures to plot (give trials of a search with SLOs)")
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 3.6), squeeze=False)
     for ax, name in zip(axes[0], names):
         for label, pts in series.items():
@@ -64,7 +65,7 @@ def plot_timeline(result, path: str) -> str:
     line = result.timeline()
     if not line:
         raise ValueError("plot_timeline: the run has no steps")
-    plt = _plt()
+    plt = pyplot()
     fig, (kv, queue) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
     for replica in sorted({r for _, r, _, _ in line}):
         pts = [(t, share, waiting) for t, r, share, waiting in line if r == replica]
