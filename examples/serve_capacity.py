@@ -58,6 +58,8 @@ def main(argv=None) -> int:
         raise ValueError(f"argument --plans: unknown plan(s) {', '.join(bad) or '(none)'} (known: {', '.join(PLANS)})")
     if args.requests < 1:
         raise ValueError(f"argument --requests: {args.requests} (give at least 1)")
+    if args.plot_dir:
+        serve.plots.pyplot()        # NOTE: refused before any search when matplotlib is missing
     rows, curves = [], {}
     for plan in plans:
         t0 = time.perf_counter()

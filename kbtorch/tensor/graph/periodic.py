@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 from .join import Scheduled, simulate
 
 
-#: Repeats of a periodic graph simulated in full (the rest follow at the measured period).
+#: Repeats of a periodic graph simulated in full (the rest follow at the measured period; at
+#: least 3: two periods, their change is the record's claim).
 REPEATS_SIMULATED = 3
 #: Fewest repeats for the periodic shortcut.
 REPEATS_MIN = 5
@@ -64,6 +65,7 @@ def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str
     NOTE: a steady state: block i+1 starts as block i drains, the same in every block once
     the pipeline is full; the shortcut is exact when the simulated blocks already repeat."""
     k = REPEATS_SIMULATED
+    assert k >= 3, "REPEATS_SIMULATED: two periods are needed for the record's claim"
     cut, resume = per.start + k * per.length, per.start + per.count * per.length
 
     keep = list(range(cut)) + list(range(resume, len(kernels)))
@@ -87,11 +89,12 @@ def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str
     run.result.latency_ps += extra
     run.result.extrapolated = (per, step)
     # NOTE: the record: blocks skipped (their events estimated per kernel kept), and as the
-    # claimed error the change between the last two simulated periods carried over them.
-    r = run.result
-    r.obtained = replace(r.obtained, method="periodic", repeats_skipped=per.count - k, skipped_ps=extra,
-                         events_skipped=round(r.events * (per.count - k) * per.length / len(keep)), samples=(k,),
-                         error_bound=abs(step - before) * (per.count - k) / r.latency_ps)
+    # claimed error the change d between the last two simulated periods as a drift of d per
+    # block over the n skipped ones: d n (n + 1) / 2.
+    r, n = run.result, per.count - k
+    r.obtained = replace(r.obtained, method="periodic", repeats_skipped=n, skipped_ps=extra,
+                         events_skipped=round(r.events * n * per.length / len(keep)), samples=(k,),
+                         error_bound=abs(step - before) * n * (n + 1) / 2 / r.latency_ps)
     return Scheduled(run.result, tuple(ready), tuple(finish), run.commands)
 
 
