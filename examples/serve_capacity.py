@@ -22,6 +22,8 @@ from tabulate import tabulate
 
 from kbtorch import serve
 from kbtorch.cli import ArgumentParser, run_script
+from kbtorch.serve.sweep import server
+from kbtorch.topology import load_machine
 
 SLOS = {"ttft": "2s", "tpot": "200ms"}
 #: name -> (chips per replica, replicas, prefill replicas)
@@ -32,16 +34,9 @@ LABELS = {"tp8": "TP 8", "tp4x2": "2 x TP 4", "pd_tp4": "P/D 2 x TP 4"}
 def search(plan: str, requests: int, cache: str | None, machine: str = "maia200_x8"):
     """(the capacity search of ``plan``, its step model)."""
     tp, replicas, prefill = PLANS[plan]
-    step = serve.SimulatedStep("llama3-70b", machine, tp, replicas, held_out=(), cache=cache)
-    blocks = step.kv_blocks(0.9)
-    pd = serve.Disaggregation(prefill, step.kv_link(), step.kv_bytes_per_token()) if prefill else None
-    source = serve.trace("azure-conv")
-    limits = serve.SchedulerConfig(max_num_batched_tokens=2048)
-
-    def at(qps: float):
-        return serve.run(serve.rescale(source, qps=qps, limit=requests), step, blocks, "vllm", limits, replicas,
-                         slos=SLOS, disaggregation=pd)
-    return serve.find_capacity(at, SLOS, 1.0, 0.05), step
+    step, _, serve_at = server(load_machine(machine), cache, "llama3-70b", "azure-conv", requests, tp, replicas,
+                               prefill, limits=serve.SchedulerConfig(max_num_batched_tokens=2048), slos=SLOS)
+    return serve.find_capacity(serve_at, SLOS, 1.0, 0.05), step
 
 
 def main(argv=None) -> int:

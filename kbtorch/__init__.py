@@ -25,6 +25,6 @@ _register()
 _compile.listen_for_breaks()
 
 __all__ = ["graph", "graphed", "ColwiseParallel", "ExpertParallel", "HbmFull", "Mesh", "ParallelStyle", "Partial",
-           "PipelineParallel", "Replicate", "ReplicateParallel", "RowwiseParallel", "Shard", "check_hbm", "chip_mesh", "chip_transfer_ns", "current_machine", "default_spec", "distribute_tensor",
+           "PipelineParallel", "Replicate", "ReplicateParallel", "RowwiseParallel", "Shard", "check_hbm", "chip_mesh", "chip_transfer_ns", "current_fidelity", "current_machine", "default_spec", "distribute_tensor",
            "expert_parallel", "hbm_peaks", "home", "init_device_mesh", "parallelize_module", "pipeline_parallel", "profile",
-           "replica", "reset", "reset_hbm_peaks", "timing_only", "tp_plan", "use", "use_fidelity", "current_fidelity"]
+           "replica", "reset", "reset_hbm_peaks", "timing_only", "tp_plan", "use", "use_fidelity"]

@@ -87,10 +87,10 @@ class Profile:
     def obtained(self) -> dict:
         """How the recorded ops' figures were obtained (``kernel.steady.Obtained``): the ops by
         method (``simulated``: every event; ``fast-forward``; graph mode's ``periodic`` and
-        ``retimed``; ``none``: no run behind it) and
-        by fidelity, and over the distinct runs behind them (an op repeated from a memoized
-        run, a layer of 28, counts once) the events simulated and skipped and the largest
-        error bound claimed, relative to a run's latency."""
+        ``retimed``; ``none``: no run behind it) and by fidelity, and over the distinct runs
+        behind them (an op repeated from a memoized run, a layer of 28, counts once) the
+        events simulated and skipped and the largest error bound claimed, relative to a run's
+        latency."""
         methods, fidelities, runs = {}, {}, {}
         for r in self.records:
             o = r.obtained

@@ -74,6 +74,7 @@ def corners(x: float, first: int = 1, half: bool = False) -> list:
 #: What a step's LM head computes: in the step cache's key, so a time of another rule is never read.
 HEAD = "lm head: last position of each sequence"
 
+
 class SimulatedStep:
     """Step times of ``model`` (a ``kbtorch.models.hf`` preset or config) on ``topology``."""
 

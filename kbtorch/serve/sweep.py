@@ -6,7 +6,8 @@ Each point serves a trace on the simulated step model of its machine; the step t
 simulates go into the sweep's store (``serve.cache``, table ``serve_steps``), so every later
 point on the same machine, model and plan (in any worker, and any later run of the sweep)
 reads them instead of simulating them again. ``kbtorch/studies/serve_llama70b.toml`` is the
-shipped study; ``docs/serving_study.md`` its results.
+shipped study; ``docs/serving_study.md`` its results. ``server`` builds one plan's step model
+and its runs at any rate, for a script of its own (``examples/serve_capacity.py``).
 """
 from __future__ import annotations
 
@@ -32,17 +33,10 @@ def point(machine, store: str | None = None, model: str = "qwen2.5-7b", trace: s
     the run's figures, per chip too; ``capacity``: the highest rate within the SLOs instead
     (searched from ``qps``). ``latency_ns``: the mean E2E latency (of the best run when
     searching)."""
-    from .simulated import SimulatedStep
-    step = SimulatedStep(model, machine, tp or None, replicas, held_out=(), cache=store)
-    blocks = step.kv_blocks(hbm_utilization)
     slos = {"ttft": ttft, "tpot": tpot}
     limits = SchedulerConfig(max_num_batched_tokens, max_num_seqs, chunk_tokens)
-    pd = Disaggregation(pd_prefill, step.kv_link(), step.kv_bytes_per_token(), kv_links) if pd_prefill else None
-    source = read_trace(trace)
-
-    def serve_at(rate: float):
-        return run(rescale(source, qps=rate, limit=requests), step, blocks, scheduler, limits, replicas, router,
-                   host_overhead_ns, slos=slos, disaggregation=pd)
+    step, blocks, serve_at = server(machine, store, model, trace, requests, tp, replicas, pd_prefill, kv_links,
+                                    scheduler, limits, router, hbm_utilization, host_overhead_ns, slos)
     chips = machine.chips
     row = {"chips": chips, "kv_blocks": blocks, "plan": step.plan}
     if capacity:
@@ -59,3 +53,22 @@ def point(machine, store: str | None = None, model: str = "qwen2.5-7b", trace: s
     row["latency_ns"] = m["mean_e2el_ms"] * 1e6 if m.get("mean_e2el_ms") is not None else None
     row.update(simulated_shapes=step.simulated, cached_shapes=step.cached)
     return row
+
+
+def server(machine, store: str | None, model: str, trace: str, requests: int, tp: int = 0, replicas: int = 1,
+           pd_prefill: int = 0, kv_links: int = 1, scheduler: str = "vllm", limits: SchedulerConfig | None = None,
+           router: str = "round-robin", hbm_utilization: float = 0.9, host_overhead_ns: float = 0.0,
+           slos: dict | None = None) -> tuple:
+    """(the simulated step model, KV blocks per replica, ``serve_at(rate)``: the run of the
+    first ``requests`` of ``trace`` rescaled to ``rate``) of a plan (``point``'s params), for
+    a run or a capacity search (``find_capacity(serve_at, slos, ...)``)."""
+    from .simulated import SimulatedStep
+    step = SimulatedStep(model, machine, tp or None, replicas, held_out=(), cache=store)
+    blocks = step.kv_blocks(hbm_utilization)
+    pd = Disaggregation(pd_prefill, step.kv_link(), step.kv_bytes_per_token(), kv_links) if pd_prefill else None
+    source = read_trace(trace)
+
+    def serve_at(rate: float):
+        return run(rescale(source, qps=rate, limit=requests), step, blocks, scheduler, limits, replicas, router,
+                   host_overhead_ns, slos=slos, disaggregation=pd)
+    return step, blocks, serve_at

@@ -35,7 +35,7 @@ from ..topology.load.pipeline import override_entry, resolve_doc
 from ..topology.machine import DEFAULT_MACHINE, topology_path
 from ..topology.select import ENV as TOPOLOGY_ENV
 from ..topology.load.overrides import CHIP_PREFIX
-from .spec_file import SpecError, limit_of as _limit, read as _read
+from .spec_file import SpecError, limit_of, read
 from .check import check_axes, check_distinct, check_machines, check_points, combos
 from .workloads import parse_workload, same_key
 
@@ -126,7 +126,7 @@ def load_spec(path) -> Spec:
     machine of the sweep, and the number of points against ``KBTORCH_MAX_POINTS``, before any
     point exists."""
     path = study_path(path)
-    doc = _read(path)
+    doc = read(path)
     unknown = sorted(set(doc) - {"sweep", "axes", "workloads", "points"})
     if unknown:
         raise SpecError(path, unknown[0], "unknown section (known: sweep, axes, workloads, points)"
@@ -173,7 +173,7 @@ class _Budget:
     made; SpecError once they exceed ``KBTORCH_MAX_POINTS``."""
 
     def __init__(self, path: str, combos: int):
-        self.path, self.combos, self.total, self.most = path, combos, 0, _limit(path, "points")
+        self.path, self.combos, self.total, self.most = path, combos, 0, limit_of(path, "points")
         self(0)
 
     def __call__(self, count: int) -> None:

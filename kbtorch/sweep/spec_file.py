@@ -76,5 +76,3 @@ def _too_deep(doc: dict, most: int) -> str | None:
                 stack.append((child, f"{where}[{key}]" if isinstance(node, list) else f"{where}.{key}".lstrip("."),
                               depth + 1))
     return None
-
-

@@ -273,8 +273,9 @@ class Graph:
             return
         machine = self.machine or current_machine()
         # NOTE: the keys are known before fusion builds anything: a cached graph costs a lookup.
-        # They hold the fidelity in force, and the machine itself, not its id: a machine that died (a sweep's point) could
-        # leave its id to another machine, which would then be served the first one's timing.
+        # They hold the fidelity in force, and the machine itself, not its id: a machine that
+        # died (a sweep's point) could leave its id to another machine, which would then be
+        # served the first one's timing.
         how = (machine, current_fidelity(), self.mode, self.periodic, self.order, self.overlap)
         key, like = how + (fusion.key(self),), how + (fusion.shape_key(self),)
         got = _CACHE.get(key)

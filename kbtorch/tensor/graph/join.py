@@ -31,7 +31,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, replace
 
-from ...kernel import Obtained, current_fidelity
+from ...kernel import current_fidelity, steady
 from ...kernel.door import Composite, Fetch, Send, Signal, Wait, simulator, symmetry
 from ...kernel.policy import graph_mode
 
@@ -331,7 +331,7 @@ def simulate(kernels: list, deps: list, machine, mode: str = "auto", late: list 
                      if f"{k}.done" in sim.pe(pe).sem_chain]
             finish.append(max(times, default=0))
     result.programs = programs
-    result.obtained = Obtained(current_fidelity(), "simulated", result.events)
+    steady.simulated(result, current_fidelity())
     first = min((machine.launch_ps(pe) for pe in programs), default=0)
     ready = [max((finish[d] for d in deps[k]), default=first) for k in range(len(kernels))]
     return Scheduled(result, tuple(ready), tuple(finish), commands)

@@ -85,7 +85,8 @@ def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str
         finish += [run.finish_ps[i] + shift for i in last]
     ready += [t + extra for t in run.ready_ps[cut:]]
     finish += [t + extra for t in run.finish_ps[cut:]]
-    before = max(run.finish_ps[i] for i in prev) - max(run.finish_ps[i] for i in range(prev.start - per.length, prev.start))
+    first = range(prev.start - per.length, prev.start)
+    before = max(run.finish_ps[i] for i in prev) - max(run.finish_ps[i] for i in first)
     run.result.latency_ps += extra
     run.result.extrapolated = (per, step)
     # NOTE: the record: blocks skipped (their events estimated per kernel kept), and as the
