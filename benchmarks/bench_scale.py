@@ -15,14 +15,18 @@ prints one JSON object (progress goes to stderr).
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import platform
 import sys
 import time
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 from tabulate import tabulate
 
-from kbtorch.kernel import use_fidelity
+from kbtorch.kernel import current_fidelity, use_fidelity
 from kbtorch.ops.attention import attention
 from kbtorch.ops.collective import KINDS, collective, concurrent_run
 from kbtorch.ops.gemm import gemm
@@ -33,12 +37,91 @@ KiB, MiB, GiB = 2**10, 2**20, 2**30
 X8 = "across:chip:4"
 
 
+@dataclass
+class Profiled:
+    """A step's profile seen as one run by ``side_by_side``: its ops' latency summed, the
+    events of the distinct runs behind them, how they were obtained (``Profile.obtained``)
+    and the latency's shares by op and bottleneck kind (the attribution at op level)."""
+
+    prof: object
+
+    @property
+    def latency_ps(self) -> int:
+        return round(self.prof.total_ns * 1000)
+
+    @property
+    def events(self) -> int:
+        return self.prof.obtained()["events_simulated"]
+
+    @property
+    def obtained(self):
+        o = self.prof.obtained()
+        return SimpleNamespace(method="+".join(sorted(o["ops_by_method"])), events_simulated=o["events_simulated"],
+                               error_bound=o["error_bound"])
+
+    def breakdown(self) -> dict:
+        out: dict = {}
+        for r in self.prof.records:
+            key = f"{r.name} ({r.bottleneck})"
+            out[key] = out.get(key, 0) + r.latency_ns * 1000
+        return out
+
+
+@functools.lru_cache(maxsize=None)
+def _step(model: str, topology: str, tp: int | None):
+    from kbtorch.serve.simulated import SimulatedStep
+    return SimulatedStep(model, topology, tp=tp, held_out=())
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """A step of a model (a ``SimulatedStep``, built by ``prepare`` outside the timed runs):
+    Qwen2.5-7B's forward of ``new`` tokens after ``past`` as one graph (``graph``), or
+    ``rows`` x ``new`` tokens of ``model`` eager (a ``Profiled`` profile).
+
+    NOTE: graph mode's periodic shortcut (docs/model.md, "Graph mode") holds under both
+    fidelities, so a graph case's ``exact`` side is every event (``periodic=False``): the
+    shortcut against full simulation."""
+
+    model: str
+    topology: str
+    tp: int | None
+    rows: int
+    new: int
+    past: int
+    graph: bool
+
+    def prepare(self):
+        return _step(self.model, self.topology, self.tp)
+
+    def __call__(self):
+        step = self.prepare()
+        if self.graph:
+            periodic = current_fidelity() == "auto"
+            return step.forward(self.rows, self.new, self.past, graph=dict(periodic=periodic))[1].schedule.result
+        return Profiled(step.forward(self.rows, self.new, self.past)[0])
+
+
+def model_cases() -> list:
+    """(name, heavy, run) of the model cases (Hugging Face models built from configs: the
+    ``[hf]`` extra); none without transformers."""
+    if importlib.util.find_spec("transformers") is None:
+        return []
+    return [("graph decode Qwen2.5-7B, 1 x 1024 positions, maia200 (exact: periodic=False)", True,
+             ModelCase("qwen2.5-7b", "maia200", None, 1, 1, 1024, True)),
+            ("graph prefill Qwen2.5-7B, 128 tokens, maia200 (exact: periodic=False)", True,
+             ModelCase("qwen2.5-7b", "maia200", None, 1, 128, 0, True)),
+            ("Llama-3-70B TP 8 decode step, 16 x 1024 positions, maia200_x8 (eager)", True,
+             ModelCase("llama3-70b", "maia200_x8", 8, 16, 1, 1024, False))]
+
+
 def _coll(kind: str, machine: str, nbytes: int, **kw):
     return lambda: collective(kind, machine=machine, nbytes=nbytes, dtype="bf16", **kw).result
 
 
 def cases(quick: bool) -> list:
-    """(name, heavy, run) of every validation case; ``run()`` gives a RunResult."""
+    """(name, heavy, run) of every validation case; ``run()`` gives a RunResult (or a
+    ``Profiled`` step)."""
     out = []
     for m in ("ahbm", "maia200"):
         for shape in ((1024, 1024, 1024), (4096, 1024, 2048), (64, 4096, 4096)):
@@ -68,6 +151,7 @@ def cases(quick: bool) -> list:
     ag = dict(kind="all_gather", nbytes=8 * MiB, algo="ring", packet_bytes=4 * KiB)
     out.append(("2 concurrent ring all-gathers of 8 MiB, 4 KiB packets (cubes 0, 1) ahbm fast", False,
                 lambda: concurrent_run([dict(ag, group=f"cube:{c}") for c in (0, 1)], machine="ahbm", mode="fast")[0]))
+    out += model_cases()
     return [c for c in out if not (quick and c[1])]
 
 
@@ -77,7 +161,9 @@ def shares(result) -> dict:
 
 
 def side_by_side(run) -> dict:
-    """``run`` under both fidelities; the figures side by side."""
+    """``run`` under both fidelities; the figures side by side (what ``run.prepare`` builds,
+    if it has one, before either is timed)."""
+    getattr(run, "prepare", lambda: None)()
     got = {}
     for fid in ("exact", "auto"):
         t0 = time.perf_counter()

@@ -4,14 +4,23 @@ from kbtorch.sim.calendar import avail, forget, occupy, serialise
 
 def test_full_use_then_idle():
     ts, us = [0, 1000], [1.0]
-    assert avail(ts, us, 0, 500) == 1500
-    assert avail(ts, us, 200, 500) == 1500
+    assert avail(ts, us, 0, 500, 500) == (1500, 1500)
+    assert avail(ts, us, 200, 100, 500) == (1100, 1500)
 
 
 def test_half_use_leaves_half_the_capacity():
     ts, us = [0, 1000], [0.5]
-    assert avail(ts, us, 0, 500) == 1000
-    assert avail(ts, us, 0, 700) == 1200
+    assert avail(ts, us, 0, 500, 700) == (1000, 1200)
+    assert avail(ts, us, 0, 100, 500) == (200, 1000)
+
+
+def test_both_times_match_one_pass_each():
+    ts, us = [0, 300, 700, 1000, 1600], [0.25, 1.0, 0.5, 0.75]
+    for h in (0, 150, 650, 900):
+        for first, work in ((10, 10), (50, 400), (200, 900), (600, 2000)):
+            a, b = avail(ts, us, h, first, work)
+            assert a == avail(ts, us, h, first, first)[0] and b == avail(ts, us, h, work, work)[1]
+            assert a <= b
 
 
 def test_occupy_fills_spare_capacity_and_merges():

@@ -174,6 +174,12 @@ def test_a_periodic_graph_is_simulated_in_part_at_its_steady_state(small):
     assert getattr(short.schedule.result, "extrapolated", None) is not None
     assert len(short.schedule.finish_ps) == len(exact.schedule.finish_ps)
     assert short.latency_ns == pytest.approx(exact.latency_ns, rel=0.02)
+    # the skipped blocks carry their attribution: the chain adds up to the latency, shared as the full run's
+    got, full = short.schedule.result, exact.schedule.result
+    assert sum(got.breakdown().values()) == got.latency_ps
+    for kind in set(got.breakdown()) | set(full.breakdown()):
+        assert got.breakdown().get(kind, 0) / got.latency_ps == pytest.approx(
+            full.breakdown().get(kind, 0) / full.latency_ps, abs=0.01)
 
 
 def test_chrome_trace_puts_concurrent_kernels_on_their_own_lanes(small, tmp_path):

@@ -88,6 +88,17 @@ def test_simulated_step_model(tiny_step):
     assert m.kv_bytes_per_token() > 0 and m.hbm_bytes() > m.weight_bytes() > 0
 
 
+def test_simulated_step_forward(tiny_step):
+    """One forward's profile is what the memo holds; with ``graph`` the forward is one timed
+    graph whose record says how it was obtained."""
+    prof, g = tiny_step.forward(2, 1, 256)
+    assert g is None and float(prof.total_ns) == tiny_step.shape_ns(2, 1, 256)
+    assert prof.obtained()["events_simulated"] > 0
+    prof, g = tiny_step.forward(2, 1, 256, graph=dict(periodic=False))
+    assert g.latency_ns > 0 and g.schedule.result.obtained.method == "simulated"
+    assert [r.obtained.method for r in prof.records if r.parts] == ["simulated"]
+
+
 def test_serve_capacity_json(capsys):
     assert main(["serve", "--requests", "200", "--qps", "4", "--kv-blocks", "2048", "--step-ns", "2e7", "--slo", "ttft=2s",
                  "--slo", "tpot=200ms", "--capacity", "--tolerance", "0.05", "--json"]) == 0

@@ -177,7 +177,7 @@ def _advanced(half, run, q: int, total: int, got, every: list, fidelity: str):
     span, skipped = q - q // 2, total - q
     extra = latency - run.latency_ps
     events = _grown(half.events, run.events, span, skipped)
-    run.chain = _attributed(chain0, chain1, run.chain, extra)
+    run.chain = attributed(chain0, chain1, run.chain, extra)
     run.latency_ps = latency
     run.stats = _stats(half.stats, run.stats, span, skipped)
     run.pe_finish_ps = {pe: _grown(half.pe_finish_ps.get(pe, t), t, span, skipped) for pe, t in run.pe_finish_ps.items()}
@@ -187,10 +187,11 @@ def _advanced(half, run, q: int, total: int, got, every: list, fidelity: str):
     return run
 
 
-def _attributed(first, last, chain, extra: int):
+def attributed(first, last, chain, extra: int):
     """``chain`` extended by ``extra`` ps, shared among the (element, cause) pairs in
     proportion to their growth from chain ``first`` to ``last`` (largest remainders, in a
-    fixed order): the skipped repeats' time goes where the fitted repeats' time went."""
+    fixed order): the skipped repeats' time goes where the simulated repeats' time went
+    (here; graph mode's periodic blocks)."""
     a, b = _per_pair(first), _per_pair(last)
     grew = {k: v - a.get(k, 0) for k, v in b.items() if v > a.get(k, 0)} or dict(b)
     keys = sorted(grew, key=repr)
@@ -202,6 +203,8 @@ def _attributed(first, last, chain, extra: int):
     for element, cause in keys:
         chain = blame.extend(chain, element, cause, share[(element, cause)])
     return chain
+
+
 def _per_pair(chain) -> Counter:
     out: Counter = Counter()
     for element, cause, ps in blame.segments(chain):

@@ -106,7 +106,7 @@ class SimulatedStep:
         if key not in _MEMO:
             got = self.cache.get(key) if self.cache is not None else None
             if got is None:
-                got = self._forward_ns(rows, new, context)
+                got = float(self.forward(rows, new, context)[0].total_ns)
                 self.simulated += 1
                 if self.cache is not None:
                     self.cache.put(key, got)
@@ -115,7 +115,12 @@ class SimulatedStep:
             _MEMO[key] = got
         return _MEMO[key]
 
-    def _forward_ns(self, rows: int, new: int, past: int) -> float:
+    def forward(self, rows: int, new: int, past: int, graph: dict | None = None) -> tuple:
+        """(profile, graph) of one forward of the uniform shape (``rows`` requests, ``new``
+        tokens each, ``past`` cached positions), simulated now at the fidelity in force: where
+        its time goes and how it was obtained (``Profile.obtained``). ``graph``: the options
+        of ``kbtorch.graph`` to capture and time the forward as one graph (None: eager, and
+        no graph). Not memoized (``shape_ns`` is)."""
         from transformers import DynamicCache
         entries = kv_cache(self.model.config, rows, past, 2)
         with self._machine(), kbtorch.timing_only(), torch.no_grad(), (
@@ -128,11 +133,11 @@ class SimulatedStep:
                 cache.update(k, v, i)
             ids = torch.zeros(rows, new, dtype=torch.long, device="ahbm")
             pos = torch.arange(past, past + new, device="ahbm")[None].expand(rows, new)
-            with kbtorch.profile() as prof:
+            with kbtorch.profile() as prof, (kbtorch.graph(**graph) if graph is not None else nullcontext()) as g:
                 # NOTE: the LM head of each sequence's last position only, as generate() and vLLM
                 # compute it (a 1024-token Qwen2.5-7B prefill: 3.2% less than every position's).
                 self.model(input_ids=ids, cache=cache, position_ids=pos, use_cache=True, logits_to_keep=1)
-        return float(prof.total_ns)
+        return prof, g
 
     def _kv_placements(self) -> list:
         """(mesh, placements) of each layer's cached keys as the model itself places them: read

@@ -26,12 +26,13 @@ def forget(ts: list, us: list, now) -> None:
         del us[:k]
 
 
-def avail(ts: list, us: list, h, work):
-    """Earliest time by which ``work`` ps of service fit into the spare capacity from ``h``.
+def avail(ts: list, us: list, h, first, work) -> tuple:
+    """Earliest times by which ``first`` and ``work`` ps of service (``first <= work``: a
+    train's first flit and its whole train) fit into the spare capacity from ``h``, in one pass.
 
     NOTE: the search starts at the segment holding ``h`` (bisection): a link reserved far
     ahead (sprayed traffic) has a long calendar, most of it before ``h``."""
-    x = h
+    x, got = h, None
     for i in range(max(0, bisect_right(ts, h) - 1), len(us)):
         u, t1 = us[i], ts[i + 1]
         if t1 <= x:
@@ -39,11 +40,16 @@ def avail(ts: list, us: list, h, work):
         t0 = ts[i] if ts[i] > x else x
         if u < 1.0:
             cap = (1.0 - u) * (t1 - t0)
+            if got is None:
+                if cap >= first:
+                    got = t0 + first / (1.0 - u)
+                else:
+                    first -= cap
             if cap >= work:
-                return t0 + work / (1.0 - u)
+                return got, t0 + work / (1.0 - u)
             work -= cap
         x = t1
-    return x + work
+    return (x + first if got is None else got), x + work
 
 
 def occupy(ts: list, us: list, h, t_end, work) -> None:
@@ -95,8 +101,8 @@ def serialise(ts: list, us: list, head: int, tail: int, n: int, ser: int, now=No
         if not us:
             ts.append(head)
             us.append(0.0)
-        head_out = ceil(avail(ts, us, head, ser))
-        tail_out = max(ceil(avail(ts, us, head, n * ser)), tail + ser)
+        first, last = avail(ts, us, head, ser, n * ser)
+        head_out, tail_out = ceil(first), max(ceil(last), tail + ser)
         occupy(ts, us, head, tail_out, n * ser)
         return head_out, tail_out
     if len(us) == 1 and us[0] >= 1.0:
@@ -109,8 +115,8 @@ def serialise(ts: list, us: list, head: int, tail: int, n: int, ser: int, now=No
             us.append(n * ser / (tail_out - end))
         return head_out, tail_out
     forget(ts, us, head)
-    head_out = ceil(avail(ts, us, head, ser))
-    tail_out = max(ceil(avail(ts, us, head, n * ser)), tail + ser)
+    first, last = avail(ts, us, head, ser, n * ser)
+    head_out, tail_out = ceil(first), max(ceil(last), tail + ser)
     occupy(ts, us, head, tail_out, n * ser)
     return head_out, tail_out
 

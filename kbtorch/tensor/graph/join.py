@@ -29,7 +29,7 @@ programs as to any kernel's.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ...kernel import current_fidelity, steady
 from ...kernel.door import Composite, Fetch, Send, Signal, Wait, simulator, symmetry
@@ -42,12 +42,14 @@ COMPUTE = ("gemm", "math")
 class Scheduled:
     """A simulated graph: the run, and each kernel's span (ps from the graph's launch):
     ``ready_ps`` when the last kernel it depends on finished (its launch reaching its first
-    PE for a kernel without any), ``finish_ps`` when its last PE finished it."""
+    PE for a kernel without any), ``finish_ps`` when its last PE finished it, ``chains``
+    the attribution of that finish (a simulated graph's; ``()`` where none was kept)."""
 
     result: object
     ready_ps: tuple
     finish_ps: tuple
     commands: int
+    chains: tuple = field(default=(), compare=False, repr=False)
 
     @property
     def latency_ps(self) -> int:
@@ -319,22 +321,23 @@ def simulate(kernels: list, deps: list, machine, mode: str = "auto", late: list 
             run = simulate([kernels[k] for k in order], moved(deps), machine, mode, moved(late), near=moved(near))
             back = [at[k] for k in range(len(kernels))]
             return Scheduled(run.result, tuple(run.ready_ps[i] for i in back), tuple(run.finish_ps[i] for i in back),
-                             run.commands)
+                             run.commands, tuple(run.chains[i] for i in back))
     programs, commands = build(kernels, deps, machine, late, near)
     mode = graph_mode(mode, commands)
     red = symmetry.reduce(machine, programs)
-    finish = []
+    finish, chains = [], []
     with simulator(machine, mode=mode, weight=red.weight) as sim:
         result = red.expand(sim.run(red.programs), machine)
         for k in range(len(kernels)):
-            times = [sim.pe(pe).sem_chain[f"{k}.done"][0] for pe in red.programs
-                     if f"{k}.done" in sim.pe(pe).sem_chain]
-            finish.append(max(times, default=0))
+            done = [sim.pe(pe).sem_chain[f"{k}.done"] for pe in red.programs if f"{k}.done" in sim.pe(pe).sem_chain]
+            t, chain = max(done, key=lambda d: d[0], default=(0, None))
+            finish.append(t)
+            chains.append(chain)
     result.programs = programs
     steady.simulated(result, current_fidelity())
     first = min((machine.launch_ps(pe) for pe in programs), default=0)
     ready = [max((finish[d] for d in deps[k]), default=first) for k in range(len(kernels))]
-    return Scheduled(result, tuple(ready), tuple(finish), commands)
+    return Scheduled(result, tuple(ready), tuple(finish), commands, tuple(chains))
 
 
 def retime(sched: Scheduled, deps: list, delta_ps: list) -> Scheduled:
@@ -358,4 +361,4 @@ def retime(sched: Scheduled, deps: list, delta_ps: list) -> Scheduled:
                               events_skipped=was.events_simulated + was.events_skipped,
                               error_bound=(was.error_bound * sched.result.latency_ps
                                            + sum(map(abs, delta_ps))) / result.latency_ps)
-    return Scheduled(result, tuple(ready), tuple(finish), sched.commands)
+    return Scheduled(result, tuple(ready), tuple(finish), sched.commands, sched.chains)

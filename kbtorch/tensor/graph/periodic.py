@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ...kernel import steady
 from .join import Scheduled, simulate
 
 
@@ -88,6 +89,11 @@ def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str
     first = range(prev.start - per.length, prev.start)
     before = max(run.finish_ps[i] for i in prev) - max(run.finish_ps[i] for i in first)
     run.result.latency_ps += extra
+    # NOTE: the skipped blocks' time is attributed where the last simulated block's went (its
+    # growth from the block before), so the chain still adds up to the latency.
+    ends = [max(blk, key=lambda i: run.finish_ps[i]) for blk in (prev, last)]
+    if extra > 0:
+        run.result.chain = steady.attributed(run.chains[ends[0]], run.chains[ends[1]], run.result.chain, extra)
     run.result.extrapolated = (per, step)
     # NOTE: the record: blocks skipped (their events estimated per kernel kept), and as the
     # claimed error the change d between the last two simulated periods as a drift of d per
