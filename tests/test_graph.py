@@ -291,7 +291,8 @@ def test_a_replay_with_the_same_shapes_is_not_simulated_again(small, monkeypatch
 
 
 def _decode(model, ids, steps: int) -> tuple:
-    """Greedy decode with a DynamicCache, every forward a graph: (graph latencies, counts)."""
+    """Greedy decode with a DynamicCache, every forward a graph: (graph latencies, counts,
+    tokens, the graphs' runs)."""
     from transformers import DynamicCache
     kbtorch.graphed(model)
     cache, lat, tokens, how = DynamicCache(), [], [], []
@@ -302,7 +303,7 @@ def _decode(model, ids, steps: int) -> tuple:
             tokens.append(tok.cpu())
             out = model(tok, past_key_values=out.past_key_values, use_cache=True)
             lat.append(model.forward.last.latency_ns)
-            how.append(model.forward.last.schedule.result.obtained)
+            how.append(model.forward.last.schedule.result)
     return lat, dict(model.forward.graphs), torch.cat(tokens, -1), how
 
 
@@ -317,8 +318,9 @@ def test_dynamic_cache_steps_are_retimed_within_the_tolerance(small, monkeypatch
         model, _ = build("tiny-qwen2")
         runs[tol] = _decode(model.to("ahbm"), ids, 4)
     (full, fcount, ftok, fhow), (fast, count, tok, how) = runs[-1.0], runs[graph_mod.RETIME_TOLERANCE]
-    assert all(o.method in ("simulated", "periodic") for o in fhow)    # each step's record says how
-    retimed = [o for o in how if o.method == "retimed"]
+    assert all(r.obtained.method in ("simulated", "periodic") for r in fhow)    # each step's record says how
+    assert all(sum(r.breakdown().values()) == r.latency_ps for r in fhow + how)   # re-timed: the chain too
+    retimed = [r.obtained for r in how if r.obtained.method == "retimed"]
     assert retimed and all(0 <= o.error_bound <= 2 * graph_mod.RETIME_TOLERANCE and o.events_simulated == 0
                        and o.events_skipped > 0 for o in retimed)
     assert torch.equal(tok, ftok)                                   # numerics do not depend on timing

@@ -121,3 +121,17 @@ def test_caches_of_simulated_runs_are_keyed_by_fidelity():
         with use_fidelity(fid):
             got[fid] = _timed(machine, "all_gather", lines, 8 * 8192, "bf16")[2]
     assert {f: r.obtained.fidelity for f, r in got.items()} == {"auto": "auto", "exact": "exact"}
+
+
+def test_a_chain_resized_adds_up_to_its_latency_shared_by_its_pairs():
+    from kbtorch.kernel.steady import resized
+    from kbtorch.sim import blame
+    chain = blame.extend(blame.extend(blame.extend(None, "hbm0", "service", 600), "l0", "link", 300), "hbm0", "queue", 100)
+    for latency in (1000, 1101, 1000 - 97, 1):
+        got = resized(chain, latency)
+        assert blame.total(got) == latency
+        per = {}
+        for e, c, ps in blame.segments(got):
+            per[(e, c)] = per.get((e, c), 0) + ps
+        if latency >= 3:
+            assert abs(per[("hbm0", "service")] / latency - 0.6) <= 1 / latency + 1e-9

@@ -194,15 +194,40 @@ def attributed(first, last, chain, extra: int):
     (here; graph mode's periodic blocks)."""
     a, b = _per_pair(first), _per_pair(last)
     grew = {k: v - a.get(k, 0) for k, v in b.items() if v > a.get(k, 0)} or dict(b)
-    keys = sorted(grew, key=repr)
-    whole = sum(grew.values())
-    share = {k: extra * grew[k] // whole for k in keys}
-    rest = extra - sum(share.values())
-    for k in sorted(keys, key=lambda k: (-(extra * grew[k] % whole), repr(k)))[:rest]:
-        share[k] += 1
-    for element, cause in keys:
+    share = _shares(grew, extra)
+    for element, cause in sorted(share, key=repr):
         chain = blame.extend(chain, element, cause, share[(element, cause)])
     return chain
+
+
+def resized(chain, latency_ps: int):
+    """``chain`` made to add up to ``latency_ps``: the difference given to (or taken from)
+    its (element, cause) pairs in proportion to their time, as ``attributed`` shares it (a
+    run re-timed from another: graph mode's ``retimed``)."""
+    ps = latency_ps - blame.total(chain)
+    if ps >= 0:
+        return attributed(None, chain, chain, ps)
+    cut = _shares(_per_pair(chain), -ps)
+    out = None
+    for element, cause, seg in blame.segments(chain):
+        take = min(seg, cut.get((element, cause), 0))
+        if take:
+            cut[(element, cause)] -= take
+        out = blame.extend(out, element, cause, seg - take)
+    return out
+
+
+def _shares(weights: dict, ps: int) -> dict:
+    """``ps`` split among ``weights``' keys in proportion (largest remainders, ties by key)."""
+    keys = sorted(weights, key=repr)
+    whole = sum(weights.values())
+    if not whole:
+        return {}
+    share = {k: ps * weights[k] // whole for k in keys}
+    rest = ps - sum(share.values())
+    for k in sorted(keys, key=lambda k: (-(ps * weights[k] % whole), repr(k)))[:rest]:
+        share[k] += 1
+    return share
 
 
 def _per_pair(chain) -> Counter:

@@ -354,6 +354,9 @@ def retime(sched: Scheduled, deps: list, delta_ps: list) -> Scheduled:
         finish.append(ready[-1] + max(0, sched.finish_ps[k] - sched.ready_ps[k] + delta_ps[k]))
     result = copy.copy(sched.result)
     result.latency_ps = max(1, sched.result.latency_ps + max(finish, default=0) - max(sched.finish_ps, default=0))
+    # NOTE: the chain still adds up to the latency: the change is shared by the anchor's own
+    # attribution (at most ``RETIME_TOLERANCE`` of it moved, so shares move by as much).
+    result.chain = steady.resized(sched.result.chain, result.latency_ps)
     # NOTE: the claim: the anchor's own (a periodic graph's) plus the changed kernels' time,
     # simulated alone and not beside the others; the anchor's events all stand in for this run.
     was = sched.result.obtained
