@@ -221,7 +221,7 @@ def _text(result) -> str:
         if m[f"mean_{k}_ms"] is not None:
             lines.append(f"{k.upper():5} ms  mean {m[f'mean_{k}_ms']:.3f}  p50 {m[f'p50_{k}_ms']:.3f}  "
                          f"p90 {m[f'p90_{k}_ms']:.3f}  p99 {m[f'p99_{k}_ms']:.3f}")
-    if "step_model_error" in result.extra:
+    if result.extra.get("step_model_error", {}).get("held_out_shapes"):
         e = result.extra["step_model_error"]
         lines.append(f"step model tables vs direct simulation, {e['held_out_shapes']} held-out shapes: median "
                      f"{100 * e['median_rel_error']:.1f}%, p95 {100 * e['p95_rel_error']:.1f}%")

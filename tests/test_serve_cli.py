@@ -88,6 +88,23 @@ def test_simulated_step_model(tiny_step):
     assert m.kv_bytes_per_token() > 0 and m.hbm_bytes() > m.weight_bytes() > 0
 
 
+def test_held_out_shapes_are_drawn_from_the_run():
+    """By default the held-out shapes are batches the tables answered during the run, off the
+    grid, drawn once (at the first run's end); a bad ``held_out`` is refused by name."""
+    pytest.importorskip("transformers")
+    from kbtorch.serve.simulated import RUN_HELD_OUT
+    m = serve.SimulatedStep("tiny-qwen2", TINY)
+    assert m.error()["held_out_shapes"] == 0
+    wl = serve.synthetic(30, 50.0, {"kind": "uniform", "low": 8, "high": 200}, 8)
+    err = serve.run(wl, m, kv_blocks=256).extra["step_model_error"]
+    assert err["held_out_from"] == "run" and 2 <= err["held_out_shapes"] <= 2 * RUN_HELD_OUT
+    assert all(tuple(x) in m._asked for x in err["shapes"]) and {x[1] == 1 for x in err["shapes"]} == {True, False}
+    assert 0 <= err["median_rel_error"] <= err["p95_rel_error"] <= err["max_rel_error"] < 0.5
+    assert serve.run(wl, m, kv_blocks=256).extra["step_model_error"] == err
+    with pytest.raises(ValueError, match="held_out='all'"):
+        serve.SimulatedStep("tiny-qwen2", TINY, held_out="all")
+
+
 def test_simulated_step_forward(tiny_step):
     """One forward's profile is what the memo holds; with ``graph`` the forward is one timed
     graph whose record says how it was obtained."""

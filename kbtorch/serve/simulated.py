@@ -22,7 +22,9 @@ Grid points: rows 1, 2, 4, 8, ...; tokens at half octaves 1, 2, 3, 4, 6, 8, 12, 
 prefill's time per token is not smooth in its tokens, the GEMMs' tiles filling unevenly:
 Qwen2.5-7B on maia200 takes 25.3, 24.1 and 26.7 us per token at 512, 700 and 1024 tokens);
 context 0, 128, 256, 512, ... ``error()`` reports the tables against direct simulation of
-held-out shapes between grid points (median and p95 of |table / simulated - 1|).
+held-out shapes between grid points (median and p95 of |table / simulated - 1|): by default
+(``held_out="run"``) shapes drawn from the batches the tables answered, at evenly spaced
+quantiles of them, simulated directly when the error is first asked for (at a run's end).
 
 NOTE: the past is a ``DynamicCache`` (Hugging Face's default: each layer concatenates its
 cache), not a paged kernel: its copies are part of the simulated step, as they are of
@@ -45,9 +47,9 @@ from ..models.hf import build, fuse_norms, kv_cache, place_plan
 from .cache import StepCache
 from .kv import BLOCK_TOKENS, capacity_blocks
 
-#: Held-out shapes, between grid points: decode batches and prefill chunks.
-HELD_OUT = ((3, 1, 700), (12, 1, 1500), (24, 1, 300), (48, 1, 3000), (1, 100, 0), (1, 700, 0), (1, 300, 1500),
-            (1, 1500, 600))
+#: Held-out shapes drawn from the batches the tables answered (``held_out="run"``): this many
+#: decodes and as many prefills.
+RUN_HELD_OUT = 4
 #: The first context grid point above 0.
 FIRST_CONTEXT = 128
 _MEMO: dict = {}
@@ -79,7 +81,7 @@ class SimulatedStep:
     """Step times of ``model`` (a ``kbtorch.models.hf`` preset or config) on ``topology``."""
 
     def __init__(self, model: str = "qwen2.5-7b", topology: str | None = None, tp: int | None = None, dp: int = 1,
-                 held_out: tuple = HELD_OUT, cache: str | None = None):
+                 held_out: tuple | str = "run", cache: str | None = None):
         self.model_name, self.topology, self.tp, self.dp = model, topology, tp, dp
         self.cache = StepCache(cache) if cache is not None else None
         with self._machine():
@@ -92,7 +94,10 @@ class SimulatedStep:
         config = hashlib.sha256(self.model.config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
         self._key = (self.machine.digest, str(model), config, self.plan, HEAD)
         self.simulated, self.cached, self._kv = 0, 0, None
-        self._error = self._held_out(held_out)
+        self._asked: dict = {}      # uniform shapes the tables were read at, between grid points -> batches
+        if held_out != "run" and not isinstance(held_out, tuple):
+            raise ValueError(f"held_out={held_out!r}: 'run' or a tuple of (rows, new tokens, context) shapes")
+        self._error = None if held_out == "run" else self._held_out(held_out)
 
     def _machine(self):
         return kbtorch.use(self.topology) if self.topology else nullcontext()
@@ -168,18 +173,47 @@ class SimulatedStep:
 
     def _held_out(self, shapes: tuple) -> dict:
         errs = [abs(self.table_ns(r, n, c) / self.shape_ns(r, n, c) - 1) for r, n, c in shapes]
-        return {"held_out_shapes": len(errs), "median_rel_error": float(np.median(errs)) if errs else None,
+        return {"held_out_shapes": len(errs), "shapes": [list(x) for x in shapes],
+                "median_rel_error": float(np.median(errs)) if errs else None,
                 "p95_rel_error": float(np.percentile(errs, 95)) if errs else None,
                 "max_rel_error": max(errs, default=None)}
+
+    def _note(self, rows: int, new: int, context: float) -> None:
+        """A batch the tables answered as the uniform shape (``rows``, ``new``, ``context``):
+        kept for the held-out error (``error``) when it lies between grid points."""
+        tokens = rows * new
+        if new != 1 and tokens < 2:
+            return          # NOTE: one token is a decode's shape: not a prefill table's point
+        size = corners(rows) if new == 1 else corners(tokens, half=True)
+        if len(size) > 1 or len(corners(context, FIRST_CONTEXT)) > 1:
+            shape = (rows, 1, round(context)) if new == 1 else (1, tokens, round(context))
+            self._asked[shape] = self._asked.get(shape, 0) + 1
+
+    def _run_shapes(self) -> tuple:
+        """``RUN_HELD_OUT`` decodes and as many prefills among the shapes the tables answered:
+        those at evenly spaced quantiles of the batches (so a shape used often is more likely)."""
+        out = []
+        for decode in (True, False):
+            shapes = sorted(x for x in self._asked if (x[1] == 1) == decode)
+            total = sum(self._asked[x] for x in shapes)
+            seen, picks = 0, []
+            for x in shapes:
+                lo, seen = seen, seen + self._asked[x]
+                picks += [x] * sum(1 for i in range(RUN_HELD_OUT) if lo <= (i + 0.5) * total / RUN_HELD_OUT < seen)
+            out += sorted(set(picks))
+        return tuple(out)
 
     def step_ns_of(self, batch) -> float:
         decodes = [e.context_tokens for e in batch if e.new_tokens == 1 and not e.prefill]
         chunks = [e for e in batch if e.new_tokens != 1 or e.prefill]
         mean = sum(decodes) / len(decodes) if decodes else 0.0
         if not chunks:
+            self._note(len(decodes), 1, mean)
             return self.decode_ns(len(decodes), mean)
         tokens = sum(e.new_tokens for e in batch)
         context = sum(e.new_tokens * e.context_tokens for e in chunks) / sum(e.new_tokens for e in chunks)
+        if not decodes:
+            self._note(1, tokens, context)
         extra = self.decode_ns(len(decodes), mean) - self.decode_ns(len(decodes), 0) if decodes else 0.0
         return self.prefill_ns(tokens, context) + max(0.0, extra)
 
@@ -211,6 +245,16 @@ class SimulatedStep:
         return SimulatedLink(self)
 
     def error(self) -> dict:
+        """The tables against direct simulation of held-out shapes (median, p95 and largest
+        ``|table / simulated - 1|``): the shapes given, or (``held_out="run"``) those drawn from
+        the batches the tables answered so far, fixed once drawn (``_run_shapes``)."""
+        if self._error is None:
+            shapes = self._run_shapes()
+            if not shapes:
+                return self._held_out(())
+            self._error = dict(self._held_out(shapes), held_out_from="run")
+        elif "held_out_from" not in self._error:
+            self._error["held_out_from"] = "given"
         return dict(self._error)
 
     def kv_bytes_per_token(self) -> int:
