@@ -51,15 +51,15 @@ class Profiled:
     def latency_ps(self) -> int:
         return round(self.prof.total_ns * 1000)
 
-    @property
-    def events(self) -> int:
-        return self.prof.obtained()["events_simulated"]
-
-    @property
+    @functools.cached_property
     def obtained(self):
         o = self.prof.obtained()
         return SimpleNamespace(method="+".join(sorted(o["ops_by_method"])), events_simulated=o["events_simulated"],
                                error_bound=o["error_bound"])
+
+    @property
+    def events(self) -> int:
+        return self.obtained.events_simulated
 
     def breakdown(self) -> dict:
         out: dict = {}

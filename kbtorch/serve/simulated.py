@@ -97,7 +97,7 @@ class SimulatedStep:
         self._asked: dict = {}      # uniform shapes the tables were read at, between grid points -> batches
         if held_out != "run" and not isinstance(held_out, tuple):
             raise ValueError(f"held_out={held_out!r}: 'run' or a tuple of (rows, new tokens, context) shapes")
-        self._error = None if held_out == "run" else self._held_out(held_out)
+        self._error = None if held_out == "run" else dict(self._held_out(held_out), held_out_from="given")
 
     def _machine(self):
         return kbtorch.use(self.topology) if self.topology else nullcontext()
@@ -253,8 +253,6 @@ class SimulatedStep:
             if not shapes:
                 return self._held_out(())
             self._error = dict(self._held_out(shapes), held_out_from="run")
-        elif "held_out_from" not in self._error:
-            self._error["held_out_from"] = "given"
         return dict(self._error)
 
     def kv_bytes_per_token(self) -> int:

@@ -77,7 +77,9 @@ def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str
                    [frozenset(_fold(d, per, cut, resume) for d in near[i]) for i in keep] if near else None)
     last = range(per.start + (k - 1) * per.length, cut)
     prev = range(per.start + (k - 2) * per.length, per.start + (k - 1) * per.length)
-    step = max(run.finish_ps[i] for i in last) - max(run.finish_ps[i] for i in prev)
+    # the last kernel to finish in each of the last two simulated blocks
+    end0, end1 = (max(blk, key=lambda i: run.finish_ps[i]) for blk in (prev, last))
+    step = run.finish_ps[end1] - run.finish_ps[end0]
     extra = (per.count - k) * step
     ready, finish = list(run.ready_ps[:cut]), list(run.finish_ps[:cut])
     for b in range(k, per.count):
@@ -87,13 +89,12 @@ def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str
     ready += [t + extra for t in run.ready_ps[cut:]]
     finish += [t + extra for t in run.finish_ps[cut:]]
     first = range(prev.start - per.length, prev.start)
-    before = max(run.finish_ps[i] for i in prev) - max(run.finish_ps[i] for i in first)
+    before = run.finish_ps[end0] - max(run.finish_ps[i] for i in first)
     run.result.latency_ps += extra
     # NOTE: the skipped blocks' time is attributed where the last simulated block's went (its
     # growth from the block before), so the chain still adds up to the latency.
-    ends = [max(blk, key=lambda i: run.finish_ps[i]) for blk in (prev, last)]
     if extra > 0:
-        run.result.chain = steady.attributed(run.chains[ends[0]], run.chains[ends[1]], run.result.chain, extra)
+        run.result.chain = steady.attributed(run.chains[end0], run.chains[end1], run.result.chain, extra)
     run.result.extrapolated = (per, step)
     # NOTE: the record: blocks skipped (their events estimated per kernel kept), and as the
     # claimed error the change d between the last two simulated periods as a drift of d per
