@@ -180,6 +180,13 @@ def test_a_periodic_graph_is_simulated_in_part_at_its_steady_state(small):
     for kind in set(got.breakdown()) | set(full.breakdown()):
         assert got.breakdown().get(kind, 0) / got.latency_ps == pytest.approx(
             full.breakdown().get(kind, 0) / full.latency_ps, abs=0.01)
+    # and their counters: the work of every block, as the full run's
+    for kind, link in full.stats["links"].items():
+        assert got.stats["links"][kind]["flits"] == link["flits"], kind
+    assert {r: e["commands"] for r, e in got.stats["engines"].items()} == {
+        r: e["commands"] for r, e in full.stats["engines"].items()}
+    assert {m: s["bursts"] for m, s in got.stats["memories"].items()} == {
+        m: s["bursts"] for m, s in full.stats["memories"].items()}
 
 
 def test_chrome_trace_puts_concurrent_kernels_on_their_own_lanes(small, tmp_path):

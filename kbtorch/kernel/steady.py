@@ -237,6 +237,18 @@ def _per_pair(chain) -> Counter:
     return out
 
 
+def stats_grown(stats, first, last, times: int):
+    """Counters ``stats`` advanced by ``times`` their growth from snapshot ``first`` to
+    ``last`` (leaf by leaf; a leaf not a number in all three stays as in ``stats``): the
+    counters of skipped periods (graph mode's periodic blocks)."""
+    if isinstance(stats, dict):
+        first, last = (x if isinstance(x, dict) else {} for x in (first, last))
+        return {k: stats_grown(v, first.get(k), last.get(k), times) for k, v in stats.items()}
+    if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in (stats, first, last)):
+        return stats
+    return stats + (last - first) * times
+
+
 def _stats(first, last, span: int, skipped: int):
     """Counters grown on leaf by leaf (``_grown``); what is not a number as in ``last``."""
     if isinstance(last, dict):

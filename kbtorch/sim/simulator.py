@@ -8,6 +8,7 @@ completion, and its attribution is the chain of that completion (see ``blame``).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from . import blame
@@ -47,6 +48,7 @@ class RunResult:
     programs: dict | None = field(default=None, repr=False)     # {pe: [commands]} as built (kernel.run_programs)
     obtained: object = field(default=None, repr=False)          # how: kernel.steady.Obtained (kernel.run_programs)
     marks: dict = field(default_factory=dict, repr=False)       # {mark: (ps, chain)}: commands' ``mark``
+    mark_stats: dict = field(default_factory=dict, repr=False)  # {mark: stats when its last command completed}
 
     @property
     def latency_ns(self) -> float:
@@ -91,6 +93,8 @@ class Simulator:
         self._mems: dict[str, Memory | None] = {}
         self.last_t, self.last_chain = 0, None
         self.marks: dict = {}       # mark -> (t, chain) of the last completion of its commands
+        self.mark_stats: dict = {}  # mark -> counters when its last command completed (``run``'s snapshots)
+        self._left: dict = {}       # mark -> its commands not completed yet (``run``'s snapshots)
         self.pe_finish: dict[int, int] = {}
         self._used = False
         self.weight = weight or (lambda node: 1)
@@ -116,8 +120,13 @@ class Simulator:
             self.last_t, self.last_chain = t, chain
         if pe is not None and t > self.pe_finish.get(pe, -1):
             self.pe_finish[pe] = t
-        if mark >= 0 and t >= self.marks.get(mark, (-1,))[0]:
-            self.marks[mark] = (t, chain)
+        if mark >= 0:
+            if t >= self.marks.get(mark, (-1,))[0]:
+                self.marks[mark] = (t, chain)
+            if mark in self._left:
+                self._left[mark] -= 1
+                if not self._left[mark]:
+                    self.mark_stats[mark] = self._stats()
 
     def _start(self) -> float:
         if self._used:
@@ -125,10 +134,14 @@ class Simulator:
         self._used = True
         return time.perf_counter()
 
-    def run(self, programs: dict) -> RunResult:
+    def run(self, programs: dict, snapshots: frozenset = frozenset()) -> RunResult:
         """Launch ``{pe: [commands]}`` at t=0 and run to completion; each PE's program starts
-        when the machine's kernel launch reaches it (``Machine.launch_segments``)."""
+        when the machine's kernel launch reaches it (``Machine.launch_segments``).
+        ``snapshots``: marks whose counters are kept (``RunResult.mark_stats``) as they stand
+        when the last command of that mark completes."""
         t0 = self._start()
+        self._left = Counter(c.mark for cmds in programs.values() for c in cmds if c.mark in snapshots) \
+            if snapshots else {}
         self.timeline_pe = min(programs) if programs else None
         for pe in sorted(programs):
             model, t, chain = self.pe(pe), 0, None
@@ -180,7 +193,7 @@ class Simulator:
         trace = self.engine.trace_lines() if self.engine.trace is not None else None
         return RunResult(self.last_t, self.last_chain, self.engine.events, wall, self._stats(), self.machine.graph, trace,
                          pe_finish_ps=dict(sorted(self.pe_finish.items())), timeline=self._timeline(),
-                         marks=dict(sorted(self.marks.items())))
+                         marks=dict(sorted(self.marks.items())), mark_stats=dict(sorted(self.mark_stats.items())))
 
     def _timeline(self) -> dict:
         """``{"pe": id, role: ((start_ps, end_ps, command), ...)}``: the busy spans of each

@@ -68,20 +68,28 @@ class Reduction:
         if not self.reduced:
             return result
         pe_of = {pe.prefix: pe.id for pe in machine.pes}
-        finish, mems = {}, {}
+        finish = {}
         for rep, members in self.members.items():
             for member in members:
                 for pe, t in result.pe_finish_ps.items():
                     prefix = machine.pes[pe].prefix
                     if prefix.startswith(rep):
                         finish[pe_of[member + prefix[len(rep):]]] = t + self.shift_ps.get(member, 0)
-                for node, s in result.stats["memories"].items():
-                    if node.startswith(rep):
-                        mems[member + node[len(rep):]] = s
         result.pe_finish_ps = dict(sorted(finish.items()))
-        result.stats["memories"] = dict(sorted(mems.items()))
+        for stats in (result.stats, *result.mark_stats.values()):
+            stats["memories"] = self._memories(stats["memories"])
         result.stats["represented_units"] = sum(len(m) for m in self.members.values())
         return result
+
+    def _memories(self, counters: dict) -> dict:
+        """Each representative memory's counters copied to its class's memories."""
+        mems = {}
+        for rep, members in self.members.items():
+            for member in members:
+                for node, s in counters.items():
+                    if node.startswith(rep):
+                        mems[member + node[len(rep):]] = s
+        return dict(sorted(mems.items()))
 
 
 def _levels(prefix: str) -> list[str]:

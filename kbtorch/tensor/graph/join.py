@@ -308,17 +308,19 @@ def issue_order(deps: list, est_ps: list) -> list[int]:
 
 
 def simulate(kernels: list, deps: list, machine, mode: str = "auto", late: list | None = None,
-             est_ps: list | None = None, near: list | None = None) -> Scheduled:
+             est_ps: list | None = None, near: list | None = None, snapshots: frozenset = frozenset()) -> Scheduled:
     """Build the joined programs, issued in ``issue_order`` (program order without
     ``est_ps``), and run them in one simulation (symmetry-reduced where the machine's units
-    allow); -> ``Scheduled`` (in the given order)."""
+    allow); -> ``Scheduled`` (in the given order). ``snapshots``: the marks of commands whose
+    counters the run keeps (``Simulator.run``)."""
     if est_ps is not None:
         order = issue_order(deps, est_ps)
         if order != list(range(len(kernels))):
             at = {k: i for i, k in enumerate(order)}
             def moved(sets):
                 return [frozenset(at[d] for d in sets[k]) for k in order] if sets else None
-            run = simulate([kernels[k] for k in order], moved(deps), machine, mode, moved(late), near=moved(near))
+            run = simulate([kernels[k] for k in order], moved(deps), machine, mode, moved(late), near=moved(near),
+                           snapshots=snapshots)
             back = [at[k] for k in range(len(kernels))]
             return Scheduled(run.result, tuple(run.ready_ps[i] for i in back), tuple(run.finish_ps[i] for i in back),
                              run.commands, tuple(run.chains[i] for i in back))
@@ -327,7 +329,7 @@ def simulate(kernels: list, deps: list, machine, mode: str = "auto", late: list 
     red = symmetry.reduce(machine, programs)
     finish, chains = [], []
     with simulator(machine, mode=mode, weight=red.weight) as sim:
-        result = red.expand(sim.run(red.programs), machine)
+        result = red.expand(sim.run(red.programs, snapshots), machine)
         for k in range(len(kernels)):
             done = [sim.pe(pe).sem_chain[f"{k}.done"] for pe in red.programs if f"{k}.done" in sim.pe(pe).sem_chain]
             t, chain = max(done, key=lambda d: d[0], default=(0, None))

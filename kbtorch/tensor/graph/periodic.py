@@ -70,13 +70,19 @@ def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str
     cut, resume = per.start + k * per.length, per.start + per.count * per.length
 
     keep = list(range(cut)) + list(range(resume, len(kernels)))
-    sub = [frozenset(_fold(d, per, cut, resume) for d in deps[i]) for i in keep]
-    sub_late = [frozenset(_fold(d, per, cut, resume) for d in late[i]) for i in keep] if late else None
-    run = simulate([kernels[i] for i in keep], sub, machine, mode, sub_late,
-                   [est_ps[i] for i in keep] if est_ps else None,
-                   [frozenset(_fold(d, per, cut, resume) for d in near[i]) for i in keep] if near else None)
     last = range(per.start + (k - 1) * per.length, cut)
     prev = range(per.start + (k - 2) * per.length, per.start + (k - 1) * per.length)
+    sub = [frozenset(_fold(d, per, cut, resume) for d in deps[i]) for i in keep]
+    sub_late = [frozenset(_fold(d, per, cut, resume) for d in late[i]) for i in keep] if late else None
+    # NOTE: the first two simulated blocks' commands are marked (0, 1): the run keeps the
+    # counters as they stand when each block's last command completes, one period apart, each
+    # with the next block in flight as in the steady state (the last block has none after it).
+    first = range(prev.start - per.length, prev.start)
+    marked = {i: m for m, blk in enumerate((first, prev)) for i in blk}
+    run = simulate([_marked(kernels[i], marked[i]) if i in marked else kernels[i] for i in keep], sub, machine, mode,
+                   sub_late, [est_ps[i] for i in keep] if est_ps else None,
+                   [frozenset(_fold(d, per, cut, resume) for d in near[i]) for i in keep] if near else None,
+                   snapshots=frozenset((0, 1)))
     # the last kernel to finish in each of the last two simulated blocks
     end0, end1 = (max(blk, key=lambda i: run.finish_ps[i]) for blk in (prev, last))
     step = run.finish_ps[end1] - run.finish_ps[end0]
@@ -88,9 +94,12 @@ def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str
         finish += [run.finish_ps[i] + shift for i in last]
     ready += [t + extra for t in run.ready_ps[cut:]]
     finish += [t + extra for t in run.finish_ps[cut:]]
-    first = range(prev.start - per.length, prev.start)
     before = run.finish_ps[end0] - max(run.finish_ps[i] for i in first)
     run.result.latency_ps += extra
+    snaps = run.result.mark_stats
+    if 0 in snaps and 1 in snaps:
+        # the skipped blocks' counters: the growth of the counters over the last simulated period, per block
+        run.result.stats = steady.stats_grown(run.result.stats, snaps[0], snaps[1], per.count - k)
     # NOTE: the skipped blocks' time is attributed where the last simulated block's went (its
     # growth from the block before), so the chain still adds up to the latency.
     if extra > 0:
@@ -104,6 +113,11 @@ def simulate_periodic(kernels: list, deps: list, machine, per: Period, mode: str
                          events_skipped=round(r.events * n * per.length / len(keep)), samples=(k,),
                          error_bound=abs(step - before) * n * (n + 1) / 2 / r.latency_ps)
     return Scheduled(run.result, tuple(ready), tuple(finish), run.commands)
+
+
+def _marked(kernel: dict, mark: int) -> dict:
+    """Kernel ``{pe: [commands]}`` with every command carrying ``mark``."""
+    return {pe: [replace(c, mark=mark) for c in cmds] for pe, cmds in kernel.items()}
 
 
 def _fold(d: int, per: Period, cut: int, resume: int) -> int:
