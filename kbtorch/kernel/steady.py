@@ -179,7 +179,7 @@ def _advanced(half, run, q: int, total: int, got, every: list, fidelity: str):
     events = _grown(half.events, run.events, span, skipped)
     run.chain = attributed(chain0, chain1, run.chain, extra)
     run.latency_ps = latency
-    run.stats = _stats(half.stats, run.stats, span, skipped)
+    run.stats = stats_grown(run.stats, half.stats, run.stats, skipped, span)
     run.pe_finish_ps = {pe: _grown(half.pe_finish_ps.get(pe, t), t, span, skipped) for pe, t in run.pe_finish_ps.items()}
     run.obtained = Obtained(fidelity, "fast-forward", sum(r.events for r in every), events - run.events,
                             skipped, extra, tuple(sorted(r for r in (q // 2, q))), claim / latency)
@@ -237,25 +237,16 @@ def _per_pair(chain) -> Counter:
     return out
 
 
-def stats_grown(stats, first, last, times: int):
-    """Counters ``stats`` advanced by ``times`` their growth from snapshot ``first`` to
-    ``last`` (leaf by leaf; a leaf not a number in all three stays as in ``stats``): the
-    counters of skipped periods (graph mode's periodic blocks)."""
+def stats_grown(stats, first, last, times: int, span: int = 1):
+    """Counters ``stats`` grown leaf by leaf by ``times / span`` their growth from snapshot
+    ``first`` to ``last`` (a leaf missing from ``first`` grew from 0; a leaf not a number in
+    ``stats`` and ``last`` stays as in ``stats``): the skipped repeats' counters (here, with
+    ``stats`` the run of ``last``; graph mode's periodic blocks)."""
     if isinstance(stats, dict):
         first, last = (x if isinstance(x, dict) else {} for x in (first, last))
-        return {k: stats_grown(v, first.get(k), last.get(k), times) for k, v in stats.items()}
-    if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in (stats, first, last)):
+        return {k: stats_grown(v, first.get(k, 0), last.get(k), times, span) for k, v in stats.items()}
+    if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in (stats, last)):
         return stats
-    return stats + (last - first) * times
-
-
-def _stats(first, last, span: int, skipped: int):
-    """Counters grown on leaf by leaf (``_grown``); what is not a number as in ``last``."""
-    if isinstance(last, dict):
-        return {k: _stats(first.get(k, 0) if isinstance(first, dict) else 0, v, span, skipped)
-                for k, v in last.items()}
-    if isinstance(last, bool) or not isinstance(last, (int, float)):
-        return last
-    if isinstance(last, float):
-        return last + (last - first) * skipped / span
-    return _grown(first if isinstance(first, int) else 0, last, span, skipped)
+    if isinstance(stats, float):
+        return stats + (last - first) * times / span
+    return stats + round((last - (first if isinstance(first, int) else 0)) * times / span)
