@@ -3,4 +3,6 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+# NOTE: guarded: a spawned worker (``serve --step-workers``) imports this module again as ``__mp_main__``.
+if __name__ == "__main__":
+    sys.exit(main())

@@ -55,6 +55,9 @@ def add_parser(sub, common) -> None:
     s.add_argument("--tp", type=_positive_int, help="--step simulated: tensor parallel over N chips")
     s.add_argument("--step-cache", metavar="SQLITE", help="--step simulated: read and keep simulated step times in "
                    "this file (a sweep's store works: table serve_steps), so a later run starts warm")
+    s.add_argument("--step-workers", type=_positive_int, default=1, metavar="N",
+                   help="--step simulated: simulate the shapes a batch first needs side by side in N processes "
+                        "(this one and N-1 spawned; the same times, less wall)")
     o = p.add_argument_group("output")
     o.add_argument("--slo", action="append", default=[], metavar="NAME=VALUE", help="ttft=2s, tpot=200ms, e2el=...")
     o.add_argument("--warmup", type=float, default=0.1, help="share of requests left out first")
@@ -109,7 +112,7 @@ def _step_model(args, serve):
     else:
         from .serve.simulated import SimulatedStep
         model = SimulatedStep(args.model, getattr(args, "topology", None), args.tp, args.replicas,
-                              cache=args.step_cache)
+                              cache=args.step_cache, workers=args.step_workers)
         if args.kv_blocks is None:
             return model, model.kv_blocks(args.hbm_utilization, args.block_tokens)
     if args.kv_blocks is None:
@@ -146,7 +149,16 @@ def _cmd_serve(args, machine):
                          "argument --capacity: searches an open-loop rate (--qps), not a closed loop (--concurrency)")
     if args.step_cache and args.step != "simulated":
         raise ValueError(f"argument --step-cache: keeps simulated step times (--step simulated, not {args.step})")
+    if args.step_workers != 1 and args.step != "simulated":
+        raise ValueError(f"argument --step-workers: simulates step shapes (--step simulated, not {args.step})")
     model, blocks = _step_model(args, serve)
+    try:
+        return _serve_with(args, serve, slos, model, blocks)
+    finally:
+        getattr(model, "close", lambda: None)()
+
+
+def _serve_with(args, serve, slos, model, blocks):
     limits = serve.SchedulerConfig(args.max_num_batched_tokens, args.max_num_seqs, args.chunk_tokens)
     pd = _disaggregation(args, serve, model)
 

@@ -38,7 +38,8 @@ def test_serve_text(capsys):
     (["--qps", "1", "--kv-blocks", "8", "--step", "table"], "--step table needs a CSV"),
     (["--qps", "1", "--kv-blocks", "0"], "must be a positive integer"),
     (["--qps", "1", "--kv-blocks", "8", "--capacity"], "argument --capacity: needs at least one --slo"),
-    (["--concurrency", "2", "--kv-blocks", "8", "--capacity", "--slo", "ttft=1s"], "not a closed loop")])
+    (["--concurrency", "2", "--kv-blocks", "8", "--capacity", "--slo", "ttft=1s"], "not a closed loop"),
+    (["--qps", "1", "--kv-blocks", "8", "--step-workers", "2"], "argument --step-workers: simulates step shapes")])
 def test_serve_bad_input(capsys, argv, message):
     assert main(["serve", "--requests", "4", *argv, "--json"]) == 2
     out = json.loads(capsys.readouterr().out)
@@ -103,6 +104,30 @@ def test_held_out_shapes_are_drawn_from_the_run():
     assert serve.run(wl, m, kv_blocks=256).extra["step_model_error"] == err
     with pytest.raises(ValueError, match="held_out='all'"):
         serve.SimulatedStep("tiny-qwen2", TINY, held_out="all")
+
+
+def test_workers_simulate_the_same_times(monkeypatch):
+    """Shapes simulated side by side in two processes (the spawned one cold, this one with its
+    memos warm) are the times of this process alone, so a run with workers is the same run."""
+    pytest.importorskip("transformers")
+    from kbtorch.serve import simulated
+    wl = serve.synthetic(30, 50.0, {"kind": "uniform", "low": 8, "high": 200}, 8)
+    runs = []
+    for workers in (1, 2):
+        monkeypatch.setattr(simulated, "_MEMO", {})
+        m = serve.SimulatedStep("tiny-qwen2", TINY, workers=workers)
+        try:
+            r = serve.run(wl, m, kv_blocks=256)
+            homes = set(m._workers._home.values()) if m._workers else set()
+        finally:
+            m.close()
+        runs.append((r, dict(simulated._MEMO), homes, m.simulated))
+    (one, memo1, _, n1), (two, memo2, homes, n2) = runs
+    assert homes == {0, 1} and n1 == n2 == len(memo1) and memo1 == memo2
+    assert [x.token_s for x in one.requests] == [x.token_s for x in two.requests] and one.extra == two.extra
+    assert m.step_ns_of((serve.BatchEntry(0, 1, 300, False),)) > 0          # closed: answers alone
+    with pytest.raises(ValueError, match="workers=0"):
+        serve.SimulatedStep("tiny-qwen2", TINY, workers=0)
 
 
 def test_simulated_step_forward(tiny_step):

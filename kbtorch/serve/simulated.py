@@ -46,6 +46,7 @@ import kbtorch
 from ..models.hf import build, fuse_norms, kv_cache, place_plan
 from .cache import StepCache
 from .kv import BLOCK_TOKENS, capacity_blocks
+from .workers import Workers
 
 #: Held-out shapes drawn from the batches the tables answered (``held_out="run"``): this many
 #: decodes and as many prefills.
@@ -81,7 +82,7 @@ class SimulatedStep:
     """Step times of ``model`` (a ``kbtorch.models.hf`` preset or config) on ``topology``."""
 
     def __init__(self, model: str = "qwen2.5-7b", topology: str | None = None, tp: int | None = None, dp: int = 1,
-                 held_out: tuple | str = "run", cache: str | None = None):
+                 held_out: tuple | str = "run", cache: str | None = None, workers: int = 1):
         self.model_name, self.topology, self.tp, self.dp = model, topology, tp, dp
         self.cache = StepCache(cache) if cache is not None else None
         with self._machine():
@@ -97,6 +98,8 @@ class SimulatedStep:
         self._asked: dict = {}      # uniform shapes the tables were read at, between grid points -> batches
         if held_out != "run" and not isinstance(held_out, tuple):
             raise ValueError(f"held_out={held_out!r}: 'run' or a tuple of (rows, new tokens, context) shapes")
+        # NOTE: the workers before the held-out shapes given, which they simulate too.
+        self._workers = Workers(workers, type(self), (model, self.machine, tp, dp), self._key) if workers != 1 else None
         self._error = None if held_out == "run" else dict(self._held_out(held_out), held_out_from="given")
 
     def _machine(self):
@@ -106,19 +109,43 @@ class SimulatedStep:
         """Simulated ns of one forward of the uniform shape at the fidelity in force: from the
         memo, the step cache (``cache``: an SQLite file, ``serve.cache``), or simulated now (and
         kept in both)."""
+        self._ensure([(rows, new, context)])
+        return _MEMO[self._key_of((rows, new, context))]
+
+    def _key_of(self, shape: tuple) -> tuple:
         # NOTE: the fidelity in force too (``kbtorch.use_fidelity``): a time of one is never read under another.
-        key = (*self._key, kbtorch.current_fidelity(), rows, new, context)
-        if key not in _MEMO:
+        return (*self._key, kbtorch.current_fidelity(), *shape)
+
+    def _ensure(self, shapes) -> None:
+        """Every one of ``shapes`` in the memo: read from the step cache, or simulated now (side
+        by side over the ``workers`` when more than one is missing)."""
+        missing = []
+        for shape in dict.fromkeys(shapes):
+            key = self._key_of(shape)
+            if key in _MEMO:
+                continue
             got = self.cache.get(key) if self.cache is not None else None
             if got is None:
-                got = float(self.forward(rows, new, context)[0].total_ns)
-                self.simulated += 1
-                if self.cache is not None:
-                    self.cache.put(key, got)
+                missing.append(shape)
             else:
                 self.cached += 1
-            _MEMO[key] = got
-        return _MEMO[key]
+                _MEMO[key] = got
+        here = lambda shape: float(self.forward(*shape)[0].total_ns)  # noqa: E731
+        if self._workers is not None and len(missing) > 1:
+            times = self._workers.simulate(missing, here, kbtorch.current_fidelity())
+        else:
+            times = [here(shape) for shape in missing]
+        for shape, got in zip(missing, times):
+            self.simulated += 1
+            if self.cache is not None:
+                self.cache.put(self._key_of(shape), got)
+            _MEMO[self._key_of(shape)] = got
+
+    def close(self) -> None:
+        """Stop the ``workers`` (a step model closed still answers, in this process alone)."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
 
     def forward(self, rows: int, new: int, past: int, graph: dict | None = None) -> tuple:
         """(profile, graph) of one forward of the uniform shape (``rows`` requests, ``new``
@@ -159,19 +186,34 @@ class SimulatedStep:
 
     def decode_ns(self, rows: float, context: float) -> float:
         """The decode table at ``rows`` requests of one new token each, ``context`` positions each."""
-        return sum(wr * wc * self.shape_ns(r, 1, c) for r, wr in corners(rows)
-                   for c, wc in corners(context, FIRST_CONTEXT) if wr * wc)
+        return self._read(self._decode_terms(rows, context))
 
     def prefill_ns(self, tokens: float, context: float) -> float:
         """The prefill table at one chunk of ``tokens`` new tokens against ``context`` positions."""
-        return sum(wt * wc * self.shape_ns(1, t, c) for t, wt in corners(tokens, half=True)
-                   for c, wc in corners(context, FIRST_CONTEXT) if wt * wc)
+        return self._read(self._prefill_terms(tokens, context))
 
     def table_ns(self, rows: int, new: int, context: int) -> float:
         """The tables' ns of the uniform shape (what ``step_ns_of`` answers for such a batch)."""
-        return self.decode_ns(rows, context) if new == 1 else self.prefill_ns(rows * new, context)
+        return self._read(self._table_terms(rows, new, context))
+
+    @staticmethod
+    def _decode_terms(rows: float, context: float) -> list:
+        return [(wr * wc, (r, 1, c)) for r, wr in corners(rows) for c, wc in corners(context, FIRST_CONTEXT) if wr * wc]
+
+    @staticmethod
+    def _prefill_terms(tokens: float, context: float) -> list:
+        return [(wt * wc, (1, t, c)) for t, wt in corners(tokens, half=True)
+                for c, wc in corners(context, FIRST_CONTEXT) if wt * wc]
+
+    def _table_terms(self, rows: int, new: int, context: int) -> list:
+        return self._decode_terms(rows, context) if new == 1 else self._prefill_terms(rows * new, context)
+
+    def _read(self, terms: list) -> float:
+        self._ensure([shape for _, shape in terms])
+        return sum(w * _MEMO[self._key_of(shape)] for w, shape in terms)
 
     def _held_out(self, shapes: tuple) -> dict:
+        self._ensure([*shapes, *(x for r, n, c in shapes for _, x in self._table_terms(r, n, c))])
         errs = [abs(self.table_ns(r, n, c) / self.shape_ns(r, n, c) - 1) for r, n, c in shapes]
         return {"held_out_shapes": len(errs), "shapes": [list(x) for x in shapes],
                 "median_rel_error": float(np.median(errs)) if errs else None,
@@ -214,6 +256,8 @@ class SimulatedStep:
         context = sum(e.new_tokens * e.context_tokens for e in chunks) / sum(e.new_tokens for e in chunks)
         if not decodes:
             self._note(1, tokens, context)
+        self._ensure([x for _, x in self._prefill_terms(tokens, context) + (
+            self._decode_terms(len(decodes), mean) + self._decode_terms(len(decodes), 0) if decodes else [])])
         extra = self.decode_ns(len(decodes), mean) - self.decode_ns(len(decodes), 0) if decodes else 0.0
         return self.prefill_ns(tokens, context) + max(0.0, extra)
 
