@@ -130,16 +130,19 @@ class SimulatedStep:
             else:
                 self.cached += 1
                 _MEMO[key] = got
-        here = lambda shape: float(self.forward(*shape)[0].total_ns)  # noqa: E731
         if self._workers is not None and len(missing) > 1:
-            times = self._workers.simulate(missing, here, kbtorch.current_fidelity())
+            times = self._workers.simulate(missing, self.simulate_ns, kbtorch.current_fidelity())
         else:
-            times = [here(shape) for shape in missing]
+            times = [self.simulate_ns(shape) for shape in missing]
         for shape, got in zip(missing, times):
             self.simulated += 1
             if self.cache is not None:
                 self.cache.put(self._key_of(shape), got)
             _MEMO[self._key_of(shape)] = got
+
+    def simulate_ns(self, shape: tuple) -> float:
+        """Simulated ns of one forward of ``shape`` (rows, new tokens, context), now, in this process."""
+        return float(self.forward(*shape)[0].total_ns)
 
     def close(self) -> None:
         """Stop the ``workers`` (a step model closed still answers, in this process alone)."""
@@ -210,6 +213,9 @@ class SimulatedStep:
 
     def _read(self, terms: list) -> float:
         self._ensure([shape for _, shape in terms])
+        return self._sum(terms)
+
+    def _sum(self, terms: list) -> float:
         return sum(w * _MEMO[self._key_of(shape)] for w, shape in terms)
 
     def _held_out(self, shapes: tuple) -> dict:
@@ -256,10 +262,10 @@ class SimulatedStep:
         context = sum(e.new_tokens * e.context_tokens for e in chunks) / sum(e.new_tokens for e in chunks)
         if not decodes:
             self._note(1, tokens, context)
-        self._ensure([x for _, x in self._prefill_terms(tokens, context) + (
-            self._decode_terms(len(decodes), mean) + self._decode_terms(len(decodes), 0) if decodes else [])])
-        extra = self.decode_ns(len(decodes), mean) - self.decode_ns(len(decodes), 0) if decodes else 0.0
-        return self.prefill_ns(tokens, context) + max(0.0, extra)
+        prefill = self._prefill_terms(tokens, context)
+        busy, idle = (self._decode_terms(len(decodes), mean), self._decode_terms(len(decodes), 0)) if decodes else ([], [])
+        self._ensure([x for _, x in prefill + busy + idle])
+        return self._sum(prefill) + max(0.0, self._sum(busy) - self._sum(idle))
 
     def transfer_ns(self, nbytes: int) -> float:
         """Simulated ns of ``nbytes`` of KV cache moving from replica 0's chips to replica 1's
