@@ -8,6 +8,10 @@
 - **scale**: the issue's walls (x8 all-gather of 500 MiB per chip, best algorithm; a 1 GiB
   all-reduce over AHBM's 256 PEs; a ring all-gather of 1 GiB per member over a CUBE in fast
   mode), auto against exact.
+- **models** (full run, with the ``[hf]`` extra): ``hf_generate``'s Qwen2.5-7B on ahbm,
+  timing only, static cache, each point in a process of its own: 128 + 128 tokens in graph
+  mode, auto against exact (its wall, and the time to first token and per output token
+  both ways), and 128 + 8 tokens in graph mode against eager.
 
 ``--quick`` (under 3 minutes): the small half of the cases, no model case and no 500 MiB
 or 256-PE row. ``--json``
@@ -22,6 +26,7 @@ import functools
 import importlib.util
 import json
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -233,6 +238,50 @@ def scale(quick: bool, say) -> list:
     return rows
 
 
+#: The model points (mode, prompt, new tokens, fidelity) of ``models``.
+QWEN_POINTS = (("graph", 128, 128, "auto"), ("graph", 128, 128, "exact"), ("graph", 128, 8, "auto"),
+               ("eager", 128, 8, "auto"))
+#: The issue's wall of Qwen2.5-7B's 128 + 128 tokens in graph mode (auto; this 2-core machine).
+QWEN_WALL_S = 60.0
+
+
+def qwen_point(mode: str, prompt: int, new: int, fidelity: str) -> dict:
+    """One ``hf_generate`` run (``bench_graph.hf_point``) under ``fidelity``."""
+    import bench_graph
+    with use_fidelity(fidelity):
+        return dict(bench_graph.hf_point(mode, int(prompt), int(new)), fidelity=fidelity)
+
+
+def models(quick: bool, say) -> dict:
+    """``QWEN_POINTS``, each in a process of its own (its wall and peak alone): ``{key: record}``
+    (none with ``--quick`` or without transformers)."""
+    if quick or importlib.util.find_spec("transformers") is None:
+        return {}
+    out = {}
+    for spec in QWEN_POINTS:
+        proc = subprocess.run([sys.executable, __file__, "--point", *map(str, spec)], capture_output=True, text=True)
+        if proc.returncode:
+            raise SystemExit(f"qwen point {spec} failed:\n{proc.stderr[-3000:]}")
+        key = "{} {}+{} {}".format(*spec)
+        out[key] = json.loads(proc.stdout.strip().splitlines()[-1])
+        say(f"  {key}: {out[key]['wall_s']:.1f} s, TTFT {out[key]['ttft_us']:.1f} us, TPOT {out[key]['tpot_us']:.1f} us")
+    return out
+
+
+def model_targets(qwen: dict) -> list:
+    if not qwen:
+        return []
+    a, e = qwen["graph 128+128 auto"], qwen["graph 128+128 exact"]
+    g, eager = qwen["graph 128+8 auto"], qwen["eager 128+8 auto"]
+    err = max(abs(a[k] - e[k]) / e[k] for k in ("ttft_us", "tpot_us")) * 100
+    return [{"target": f"Qwen2.5-7B 128 + 128 graph static: auto <= {QWEN_WALL_S:.0f} s and >= 2x faster than exact",
+             "measured": f"exact {e['wall_s']:.1f} s -> auto {a['wall_s']:.1f} s (TTFT, TPOT within {err:.4f}%)",
+             "pass": a["wall_s"] <= QWEN_WALL_S and 2 * a["wall_s"] <= e["wall_s"]},
+            {"target": "Qwen2.5-7B 128 + 8 graph static: wall <= eager's",
+             "measured": f"graph {g['wall_s']:.1f} s, eager {eager['wall_s']:.1f} s",
+             "pass": g["wall_s"] <= eager["wall_s"]}]
+
+
 def table(rows: list) -> str:
     return tabulate([(r["case"], f"{r['exact_ns']:,.1f}", f"{r['err_pct']:+.4f}", f"{r['share_pts']:.3f}",
                       f"{r['counters_pct']:.3f}", r["events_exact"], r["events_auto_simulated"], f"{r['wall_exact_s']:.2f}",
@@ -265,7 +314,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the small cases only, no 500 MiB row (under 3 minutes)")
     ap.add_argument("--json", action="store_true", help="print one JSON object (progress on stderr)")
+    ap.add_argument("--point", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.point:
+        print(json.dumps(qwen_point(*args.point)))
+        return 0
     t0 = time.perf_counter()
     out = sys.stderr if args.json else sys.stdout
     say = lambda s: print(s, file=out, flush=True)        # noqa: E731
@@ -273,9 +326,12 @@ def main(argv=None) -> int:
     val = validation(args.quick, say)
     say("scale")
     big = scale(args.quick, say)
-    tg = targets(val, big)
+    say("models")
+    qwen = models(args.quick, say)
+    tg = targets(val, big) + model_targets(qwen)
     if args.json:
-        print(json.dumps({"validation": val, "scale": big, "targets": tg, "wall_s": time.perf_counter() - t0,
+        print(json.dumps({"validation": val, "scale": big, "models": qwen, "targets": tg,
+                          "wall_s": time.perf_counter() - t0,
                           "python": platform.python_version(), "quick": args.quick}))
         return 0
     print("\n" + table(val) + "\n\n" + table(big))
