@@ -40,6 +40,7 @@ import torch
 import kbtorch
 from kbtorch import limits
 from kbtorch.cli import ArgumentParser, run_script
+from kbtorch.kernel import FIDELITIES
 from kbtorch.models.hf import (CONFIGS, TINY_EXTRA, build, check_cache_fits, config, fuse_norms, kv_cache, place_plan,
                                place_tp)
 from kbtorch.tensor.stream import clock_ns
@@ -71,6 +72,9 @@ def parse(argv):
                     "the dtype's tolerance) and the greedy tokens against CPU; exit 1 if they differ")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--topology", metavar="NAME|PATH", help="the machine (default: $KBTORCH_TOPOLOGY or ahbm)")
+    ap.add_argument("--fidelity", choices=FIDELITIES, help="auto (default): steady states fast-forwarded; "
+                    "exact: nothing fast-forwarded (graph mode's periodic layers and re-timed steps hold under "
+                    "both; kbtorch.use_fidelity)")
     ap.add_argument("--tp", type=int, metavar="N", help="tensor parallel across N chips and every PE of each "
                     "(default: all the chips of a system over --dp; one chip: all its PEs)")
     ap.add_argument("--dp", type=int, metavar="N", default=1, help="data parallel: N replicas of the model, each "
@@ -282,8 +286,19 @@ def report(args, prof, clock, out, expect, model, wall: float) -> dict:
     if graphs:
         rec["graphs"] = dict(graphs)
     rec["hbm_peak_bytes"] = kbtorch.hbm_peaks()
+    rec["fidelity"] = kbtorch.current_fidelity()
+    rec["obtained"] = prof.obtained()
     rec["wall_s"] = wall
     return rec
+
+
+def obtained_text(rec: dict) -> str:
+    """How the figures were obtained (``Profile.obtained``), in one line."""
+    o = rec["obtained"]
+    ops = ", ".join(f"{n} {m}" for m, n in sorted(o["ops_by_method"].items()))
+    return (f"obtained (fidelity {rec['fidelity']}): ops {ops}; over {o['runs']} distinct runs "
+            f"{o['events_simulated']:,} events simulated, {o['events_skipped']:,} skipped, "
+            f"largest claimed error {100 * o['error_bound']:.3f}%")
 
 
 def hbm_text(peaks: dict) -> str:
@@ -334,6 +349,7 @@ def both(args) -> int:
         print(f"{'last step, % HBM roofline':28}{last[0]:14.1f}{last[1]:14.1f}")
         for mode in ("eager", "graph"):
             print(f"{mode}: {hbm_text(recs[mode]['hbm_peak_bytes'])}")
+            print(f"{mode}: {obtained_text(recs[mode])}")
     return 0 if all(r.get("matches_cpu", True) for r in recs.values()) else 1
 
 
@@ -347,8 +363,12 @@ def main(argv=None) -> int:
     kbtorch.current_machine()       # NOTE: a bad --topology or $KBTORCH_TOPOLOGY is refused before the model is built
     bound(args)
     check_plan(args)
-    if args.mode == "both":
-        return both(args)
+    with kbtorch.use_fidelity(args.fidelity) if args.fidelity else nullcontext():
+        return both(args) if args.mode == "both" else one(args)
+
+
+def one(args) -> int:
+    """One mode (``--mode eager`` or ``graph``): the profile's table and the figures."""
     t0 = time.perf_counter()
     prof, clock, out, expect, model = run(args, graph=args.mode == "graph")
     rec = report(args, prof, clock, out, expect, model, time.perf_counter() - t0)
@@ -372,6 +392,7 @@ def main(argv=None) -> int:
         print(f"graph mode: {rec['graphs']['calls']} forward calls, {rec['graphs']['simulated']} graphs simulated, "
               f"{rec['graphs']['retimed']} re-timed from a like graph (the others replayed their timing; "
               f"{rec['graphs']['replayed']} static steps without host work)")
+    print(obtained_text(rec))
     if expect is not None:
         print(f"against CPU: greedy tokens match: {rec['tokens_match_cpu']}; max abs logit difference "
               f"{rec['max_abs_logit_diff']:.3g} (tolerance {rec['logit_tolerance']:.3g})")

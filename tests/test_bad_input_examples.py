@@ -73,6 +73,7 @@ HF = [
     (["--model", ""], "model '': not a preset"),
     (["--cache", "paged"], "argument --cache: invalid choice: 'paged'"),
     (["--kernels", "cuda"], "argument --kernels: invalid choice: 'cuda'"),
+    (["--fidelity", "flit"], "argument --fidelity: invalid choice: 'flit'"),
     (["--check"], "qwen2.5-7b with data (--check or without --timing-only)"),
     (["--model", "tiny", "--timing-only", "--check"], "--check needs data"),
     (["--topology", "nope"], "argument --topology: nope: name: unknown topology"),

@@ -70,6 +70,24 @@ def test_peak_modelled_hbm_per_chip_in_eager_and_graph_mode(capsys):
     assert all(graph[c] <= 1.1 * eager[c] for c in eager), (eager, graph)
 
 
+def test_fidelity_is_chosen_and_reported(capsys):
+    """``--fidelity`` sets the fidelity of the whole run and the record says how its figures
+    were obtained (``Profile.obtained``); this tiny run has nothing to skip, so both give
+    the same figures, every event simulated."""
+    args = ["--model", "tiny", "--prompt-len", "6", "--new-tokens", "2", "--json"]
+    recs = {}
+    for fid in ("exact", "auto"):
+        assert _main()(args + ["--fidelity", fid]) == 0
+        recs[fid] = json.loads(capsys.readouterr().out)
+    for fid, rec in recs.items():
+        o = rec["obtained"]
+        assert rec["fidelity"] == fid and o["events_simulated"] > 0 and o["events_skipped"] == 0, o
+        assert set(o["ops_by_fidelity"]) == {fid} and sum(o["ops_by_method"].values()) > 0, o
+    # NOTE: to the ps, not the bit: the step clock is a float that runs on across runs in one process.
+    for key in ("ttft_ns", "tpot_ns"):
+        assert abs(recs["exact"][key] - recs["auto"][key]) < 1e-3, key
+
+
 def test_missing_extras_are_one_line_naming_both_installs(monkeypatch, capsys):
     """Without transformers (the 'hf' extra) or the sweep's libraries, the user gets one line
     naming the extra and the install command for a clone and for a wheel, no traceback."""
