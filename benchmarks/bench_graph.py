@@ -93,16 +93,19 @@ def model_config(layers: int) -> str:
     return str(path)
 
 
-def hf_point(mode: str, prompt: int, new: int, layers: int = 28, cache: str = "static") -> dict:
+def hf_point(mode: str, prompt: int, new: int, layers: int = 28, cache: str = "static", fidelity: str = "auto") -> dict:
     import hf_generate
+    from kbtorch import use_fidelity
     t0 = time.perf_counter()
     model = "qwen2.5-7b" if layers == 28 else model_config(layers)
     args = hf_generate.parse(["--model", model, "--prompt-len", str(prompt), "--new-tokens", str(new),
                               "--cache", cache, "--mode", mode, "--timing-only"])
-    ran = hf_generate.run(args, graph=mode == "graph")
-    rec = hf_generate.report(args, *ran, time.perf_counter() - t0)
+    with use_fidelity(fidelity):
+        ran = hf_generate.run(args, graph=mode == "graph")
+        rec = hf_generate.report(args, *ran, time.perf_counter() - t0)
     steps = rec["decode_steps"]
-    out = {"kind": "hf", "mode": mode, "cache": cache, "layers": layers, "prompt": prompt, "new_tokens": new,
+    out = {"kind": "hf", "mode": mode, "cache": cache, "fidelity": fidelity, "layers": layers, "prompt": prompt,
+           "new_tokens": new,
            "ttft_us": rec["ttft_ns"] / 1000, "tpot_us": rec["tpot_ns"] / 1000 if rec["tpot_ns"] else None,
            "last_pct_hbm": steps[-1]["pct_hbm_roofline"] if steps else None, "graphs": rec.get("graphs"),
            "wall_s": rec["wall_s"]}

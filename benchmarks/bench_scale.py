@@ -26,7 +26,6 @@ import functools
 import importlib.util
 import json
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -245,25 +244,16 @@ QWEN_POINTS = (("graph", 128, 128, "auto"), ("graph", 128, 128, "exact"), ("grap
 QWEN_WALL_S = 60.0
 
 
-def qwen_point(mode: str, prompt: int, new: int, fidelity: str) -> dict:
-    """One ``hf_generate`` run (``bench_graph.hf_point``) under ``fidelity``."""
-    import bench_graph
-    with use_fidelity(fidelity):
-        return dict(bench_graph.hf_point(mode, int(prompt), int(new)), fidelity=fidelity)
-
-
 def models(quick: bool, say) -> dict:
-    """``QWEN_POINTS``, each in a process of its own (its wall and peak alone): ``{key: record}``
-    (none with ``--quick`` or without transformers)."""
+    """``QWEN_POINTS``, each in a process of its own (``bench_graph.run_point``: its wall and
+    peak alone): ``{key: record}`` (none with ``--quick`` or without transformers)."""
     if quick or importlib.util.find_spec("transformers") is None:
         return {}
+    from bench_graph import run_point
     out = {}
-    for spec in QWEN_POINTS:
-        proc = subprocess.run([sys.executable, __file__, "--point", *map(str, spec)], capture_output=True, text=True)
-        if proc.returncode:
-            raise SystemExit(f"qwen point {spec} failed:\n{proc.stderr[-3000:]}")
-        key = "{} {}+{} {}".format(*spec)
-        out[key] = json.loads(proc.stdout.strip().splitlines()[-1])
+    for mode, prompt, new, fidelity in QWEN_POINTS:
+        key = f"{mode} {prompt}+{new} {fidelity}"
+        out[key] = run_point("hf", mode, prompt, new, 28, "static", fidelity)
         say(f"  {key}: {out[key]['wall_s']:.1f} s, TTFT {out[key]['ttft_us']:.1f} us, TPOT {out[key]['tpot_us']:.1f} us")
     return out
 
@@ -314,11 +304,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the small cases only, no 500 MiB row (under 3 minutes)")
     ap.add_argument("--json", action="store_true", help="print one JSON object (progress on stderr)")
-    ap.add_argument("--point", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.point:
-        print(json.dumps(qwen_point(*args.point)))
-        return 0
     t0 = time.perf_counter()
     out = sys.stderr if args.json else sys.stdout
     say = lambda s: print(s, file=out, flush=True)        # noqa: E731
