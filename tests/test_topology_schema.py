@@ -5,6 +5,7 @@ import time
 import pytest
 
 from kbtorch.topology import Machine, TopologyError, load_machine
+from kbtorch.topology.load.parse import parse
 from kbtorch.topology.load.pipeline import load_raw
 
 HBM = 'hbm_slice = { kind = "hbm", overhead_ns = 0, channels = 2, channel_gbps = 128, burst_bytes = 256, capacity_gib = 1 }'
@@ -164,6 +165,19 @@ def test_overrides(tiny_path, tiny):
     assert tiny.graph.edges["chip0.cube0.hc", "chip0.cube0.r"]["flit_ps"] == 1000
     assert Machine(str(tiny_path), overrides={"blocks.cube.links[4].link": "ucie"}).graph.edges[
         "chip0.cube0.hc", "chip0.cube0.r"]["kind"] == "ucie"
+
+
+def test_parsed_once_each_copy_fresh(tiny_path):
+    """A file's bytes are parsed once; each caller gets a copy of its own to change (the loader
+    sets overrides in it), and the same bytes under a fault still name their file."""
+    data = tiny_path.read_bytes()
+    doc = parse(tiny_path, data)
+    doc["links"]["noc"]["bw_gbps"] = -1
+    again = parse(tiny_path, data)
+    assert again is not doc and again["links"]["noc"]["bw_gbps"] != -1
+    with pytest.raises(TopologyError, match="not valid TOML") as err:
+        parse("elsewhere.toml", data + b"\n[[[")
+    assert err.value.path == "elsewhere.toml"
 
 
 @pytest.mark.parametrize("over, entry, words", [

@@ -5,10 +5,13 @@ Every fault is a :class:`TopologyError` naming the file and the entry ``file``.
 from __future__ import annotations
 
 import os
+import pickle
 import stat
 import tomllib
+from functools import lru_cache
 from pathlib import Path
 
+from ... import state
 from ..errors import TopologyError
 
 __all__ = ["read_bytes", "parse", "read_toml", "is_system"]
@@ -34,14 +37,26 @@ def read_bytes(path: str | Path) -> bytes:
 
 
 def parse(path: str | Path, data: bytes) -> dict:
-    """The document of ``data`` (the bytes of ``path``); TopologyError unless UTF-8 TOML."""
-    name = str(path)
+    """The document of ``data`` (the bytes of ``path``), a fresh copy the caller may change;
+    TopologyError unless UTF-8 TOML.
+
+    NOTE: parsed once per content (``_parsed``): a machine is looked up by the bytes of its
+    files, and the device looks it up for every new tensor (``current_machine``): a
+    Qwen2.5-7B run of 128 + 2 tokens parsed ahbm.toml 516 times, 1.75 ms each against
+    0.05 ms for a copy."""
+    return pickle.loads(_parsed(str(path), data))
+
+
+@state.cache
+@lru_cache(maxsize=64)
+def _parsed(name: str, data: bytes) -> bytes:
+    """The pickled document of ``data`` (the bytes of file ``name``): see ``parse``."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TopologyError(name, "file", f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
     try:
-        return tomllib.loads(text)
+        return pickle.dumps(tomllib.loads(text))
     except tomllib.TOMLDecodeError as exc:
         raise TopologyError(name, "file", f"not valid TOML: {exc}") from None
     except RecursionError:
