@@ -305,7 +305,9 @@ def reduce(machine, programs: dict) -> Reduction:
         units = _units(machine, programs, level, scan)
         if units is not None:
             break
-    if units is None:
+    if units is None or len(units) < 2:
+        # NOTE: one unit is a class of one: nothing to reduce, and no signature to compute
+        # (a ring over one SIP's 128 PEs canonicalised its half a million commands for nothing).
         return whole
     classes: dict = {}
     base: dict = {}
