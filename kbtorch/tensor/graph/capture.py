@@ -53,8 +53,9 @@ _CACHE: dict = state.cache({}, "kbtorch.tensor.graph.capture._CACHE")
 #: The last graph simulated of each shape key (``fusion.shape_key``): (its kernel runs, plan,
 #: schedule), what like graphs are re-timed from.
 _LIKE: dict = state.cache({}, "kbtorch.tensor.graph.capture._LIKE")
-#: The stream record of each timed graph (``_record``): what a replayed step records again.
-_RECORDS: dict = state.cache({}, "kbtorch.tensor.graph.capture._RECORDS")
+#: Each timed graph's kernels as parts and its counters (``_timed_parts``): what a replayed
+#: step records again.
+_PARTS: dict = state.cache({}, "kbtorch.tensor.graph.capture._PARTS")
 #: A graph like a simulated one (the same ops, dependencies and kernel kinds) is re-timed from
 #: it while its kernels, each simulated alone, moved at most this fraction of the simulated
 #: graph's latency in all (the sum of the changes' sizes); beyond, it is simulated (docs/model.md).
@@ -363,35 +364,37 @@ class Graph:
 
 
 def _record(graph: Graph, machine, plan, sched) -> None:
-    """The graph on the stream: one record of its whole span; its kernels as parts.
-
-    NOTE: kept per schedule (``_RECORDS``, the schedule held so that its id stays its own):
-    a replayed decode step records the same graph again without sorting its kernels' PEs
-    or reading its counters again (a sixth of a replayed Qwen2.5-7B step)."""
-    key = (id(sched), id(plan), machine, graph.name, len(graph.nodes), len(graph.kernels))
-    got = _RECORDS.get(key)
-    if got is None:
-        got = _RECORDS[key] = (sched, plan, _summary(graph, machine, plan, sched))
-        if len(_RECORDS) > CACHE_MAX:
-            del _RECORDS[next(iter(_RECORDS))]
-    args, kw = got[2]
-    stream.record(*args, **kw)
+    """The graph on the stream: one record of its whole span; its kernels as parts."""
+    parts, flops, nbytes, neck = _timed_parts(machine, plan, sched)
+    r = sched.result
+    per = getattr(r, "extrapolated", None)
+    how = f", {per[0].count} repeats of {per[0].length} kernels: 3 simulated, the rest at their period " \
+          f"{per[1] / 1000:.1f} ns" if per else ""
+    stream.record(graph.name, (), f"graph of {len(plan.kernels)} kernels", r.latency_ns, flops=flops, bytes=nbytes,
+                  bottleneck=neck, detail=f"{len(graph.nodes)} ops, {len(graph.kernels)} kernels before fusion, "
+                  f"{sched.commands} commands, one launch{how}", parts=parts, obtained=r.obtained)
 
 
-def _summary(graph: Graph, machine, plan, sched) -> tuple:
-    """``stream.record``'s (args, keywords) for graph ``graph`` timed as ``plan``/``sched``."""
+def _timed_parts(machine, plan, sched) -> tuple:
+    """(the kernels as parts, flops, bytes served, bottleneck) of a graph timed as
+    ``plan``/``sched``.
+
+    NOTE: kept per schedule (``_PARTS``, which holds the plan and schedule so that their
+    ids stay theirs): a replayed decode step records the same graph again without sorting
+    its kernels' PEs or reading its counters again (a sixth of a replayed Qwen2.5-7B step)."""
+    key = (id(plan), id(sched), machine)
+    got = _PARTS.get(key)
+    if got is not None:
+        return got[2]
     parts = []
-    for k, (kern, ready, finish) in enumerate(zip(plan.kernels, sched.ready_ps, sched.finish_ps)):
+    for kern, ready, finish in zip(plan.kernels, sched.ready_ps, sched.finish_ps):
         pes = sorted(pe for pe, cmds in kern.programs.items() if cmds)
         detail = f"PEs {pes[0]}-{pes[-1]} ({len(pes)})" if pes else "no PEs"
         parts.append(stream.OpRecord(kern.name, kern.shapes, kern.kernel, ready / 1000, (finish - ready) / 1000,
                                        flops=kern.flops, detail=f"{detail}; {kern.detail}".rstrip("; ")))
     r = sched.result
-    per = getattr(r, "extrapolated", None)
-    how = f", {per[0].count} repeats of {per[0].length} kernels: 3 simulated, the rest at their period " \
-          f"{per[1] / 1000:.1f} ns" if per else ""
-    return ((graph.name, (), f"graph of {len(plan.kernels)} kernels", r.latency_ns),
-            dict(flops=sum(k.flops for k in plan.kernels), bytes=memory_bytes(machine, r, None),
-                 bottleneck=kind_name(bottleneck(r)), detail=f"{len(graph.nodes)} ops, {len(graph.kernels)} kernels "
-                 f"before fusion, {sched.commands} commands, one launch{how}", parts=tuple(parts),
-                 obtained=r.obtained))
+    out = (tuple(parts), sum(k.flops for k in plan.kernels), memory_bytes(machine, r, None), kind_name(bottleneck(r)))
+    _PARTS[key] = (plan, sched, out)
+    if len(_PARTS) > CACHE_MAX:
+        del _PARTS[next(iter(_PARTS))]
+    return out
